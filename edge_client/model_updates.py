@@ -1,0 +1,83 @@
+"""Model versions arrive over the compacted model-versions topic; a client verifies the artifact
+and swaps it in only at an episode boundary, keeping the old model on any failure."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kafka import TopicPartition
+
+from edge_client import metrics
+from edge_client.policy import Policy
+from flywheel.kafka_clients import make_consumer
+from flywheel.registry import ModelRejected, fetch_verified
+from flywheel.settings import Settings
+from schemas import EventDecodeError, ModelVersionEvent, decode_event
+from streams.topics import topics_for
+
+log = logging.getLogger(__name__)
+
+
+class ModelVersionWatcher:
+    """Tracks the newest ModelVersionEvent on one channel (the topic is compacted by channel)."""
+
+    def __init__(self, settings: Settings, client_id: str, channel: str = "stable"):
+        self.channel = channel
+        self.latest: ModelVersionEvent | None = None
+        self._consumer = make_consumer(settings, f"{client_id}-models", consumer_timeout_ms=200)
+        partition = TopicPartition(topics_for(settings).model_versions.name, 0)
+        self._consumer.assign([partition])
+        self._consumer.seek_to_beginning(partition)
+
+    def poll(self, timeout_ms: int = 0) -> ModelVersionEvent | None:
+        """Read what has arrived; return the newest version seen on this channel so far."""
+        batches = self._consumer.poll(timeout_ms=timeout_ms)
+        for records in batches.values():
+            for record in records:
+                try:
+                    event = decode_event(record.value, expect=ModelVersionEvent)
+                except EventDecodeError as error:
+                    log.warning("ignoring malformed model version event at offset %d: %s", record.offset, error)
+                    continue
+                if event.channel == self.channel:
+                    self.latest = event
+        return self.latest
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class ModelSwapper:
+    """Holds the policy in use; `maybe_swap` is called between episodes."""
+
+    def __init__(self, watcher: ModelVersionWatcher, load: Callable[[str, str], Policy], current: Policy | None = None):
+        self.watcher = watcher
+        self.load = load  # (local artifact path, version) -> Policy
+        self.current = current
+        self.rejected: set[str] = set()
+
+    def maybe_swap(self, timeout_ms: int = 0) -> Policy | None:
+        latest = self.watcher.poll(timeout_ms)
+        if latest is None or latest.version in self.rejected:
+            return self.current
+        if self.current is not None and latest.version == self.current.version:
+            return self.current
+        try:
+            path = fetch_verified(latest.artifact_uri, latest.sha256)
+            policy = self.load(str(path), latest.version)
+        except (ModelRejected, OSError, RuntimeError) as error:
+            log.error("refusing model %s, keeping %s: %s", latest.version, self._current_version(), error)
+            self.rejected.add(latest.version)
+            metrics.MODEL_SWAPS.labels("rejected").inc()
+            return self.current
+        log.warning("model %s -> %s", self._current_version(), latest.version)
+        if self.current is not None:
+            metrics.MODEL_VERSION.labels(self.current.version).set(0)
+        metrics.MODEL_VERSION.labels(latest.version).set(1)
+        metrics.MODEL_SWAPS.labels("swapped").inc()
+        self.current = policy
+        return policy
+
+    def _current_version(self) -> str:
+        return self.current.version if self.current is not None else "none"

@@ -1,0 +1,187 @@
+"""The edge loop: think -> act -> verify in MiniWoB++, every step published to Kafka.
+
+One client = one browser. With `policy="model"` the client follows the model-versions topic and
+swaps in each new verified version at the next episode boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from edge_client import metrics
+from edge_client.env import GuiEnv
+from edge_client.policy import Observation, Policy
+from edge_client.preprocess import encode_png
+from edge_client.verify import verify_step
+from flywheel.kafka_clients import make_producer
+from flywheel.settings import Settings
+from schemas import StepEvent, encode_event, new_event_id
+from streams.topics import topics_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeConfig:
+    client_id: str
+    """Names this client in every event and in episode ids."""
+    tasks: tuple[str, ...]
+    """MiniWoB++ task ids to cycle through."""
+    episodes_per_task: int = 10
+    """Episodes run on each task."""
+    policy: str = "expert"
+    """'expert' (scripted DOM oracles) or 'model' (newest ONNX version from the model-versions topic)."""
+    max_steps: int = 10
+    """An episode still running after this many steps ends as a failure ('max_steps')."""
+    seed: int = 0
+    """Seed of the first episode; episode i of a task uses seed + i."""
+    channel: str = "stable"
+    """Model-versions channel to follow."""
+    wait_for_model_s: float = 120.0
+    """With policy='model': how long to wait for a first version before giving up."""
+    intra_op_threads: int = 1
+    """onnxruntime threads (the box is shared)."""
+    metrics_port: int | None = 0
+    """/metrics port (0: any free port, None: do not serve)."""
+    summary_path: Path | None = None
+    """Where to write the run summary as JSON."""
+
+
+@dataclass
+class RunSummary:
+    client_id: str
+    steps_published: int = 0
+    episodes: int = 0
+    per_task: dict[str, dict[str, int]] = field(default_factory=dict)
+    model_versions: list[str] = field(default_factory=list)
+    send_errors: int = 0
+
+    def record_episode(self, task: str, success: bool) -> None:
+        entry = self.per_task.setdefault(task, {"episodes": 0, "successes": 0})
+        entry["episodes"] += 1
+        entry["successes"] += int(success)
+        self.episodes += 1
+
+
+def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
+    if config.metrics_port is not None:
+        server, _ = start_http_server(config.metrics_port, addr=settings.metrics_host)
+        log.info("edge %s /metrics on port %d", config.client_id, server.server_port)
+    producer = make_producer(settings, config.client_id)
+    steps_topic = topics_for(settings).steps.name
+    summary = RunSummary(config.client_id)
+    delivered = Tally()
+
+    def on_delivered(_metadata, task: str) -> None:
+        delivered[task] += 1
+        metrics.STEPS_PUBLISHED.labels(task).inc()
+
+    def on_failed(error: Exception) -> None:
+        summary.send_errors += 1
+        log.error("step event not delivered: %s", error)
+
+    def publish(event: StepEvent) -> None:
+        future = producer.send(steps_topic, key=event.episode_id.encode(), value=encode_event(event))
+        future.add_callback(on_delivered, task=event.task).add_errback(on_failed)
+
+    policies = _policy_source(config, settings)
+    env = GuiEnv(config.tasks[0])
+    try:
+        for index in range(config.episodes_per_task):
+            for task in config.tasks:
+                policy = policies(task)
+                if policy.version not in summary.model_versions:
+                    summary.model_versions.append(policy.version)
+                seed = config.seed + index
+                episode_id = f"{config.client_id}-{task}-{seed}-{index}"
+                success = run_episode(env, policy, task, seed, episode_id, config, publish)
+                summary.record_episode(task, success)
+                metrics.EPISODES.labels(task, "success" if success else "failure").inc()
+        producer.flush()
+    finally:
+        env.close()
+        producer.close()
+    summary.steps_published = sum(delivered.values())
+    if config.summary_path is not None:
+        config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
+    return summary
+
+
+def run_episode(
+    env: GuiEnv, policy: Policy, task: str, seed: int, episode_id: str, config: EdgeConfig, publish
+) -> bool:
+    """One episode; returns whether it succeeded (binary reward +1)."""
+    obs: Observation = env.reset(seed=seed, task=task)
+    for step in range(config.max_steps):
+        started = time.perf_counter()
+        decision = policy.act(obs)  # think
+        thought_s = time.perf_counter() - started
+        result = env.step(decision.action)  # act
+        acted_s = time.perf_counter() - started - thought_s
+        verify = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
+        verify_s = time.perf_counter() - started - thought_s - acted_s
+        out_of_steps = not result.done and step == config.max_steps - 1
+        done = result.done or out_of_steps
+        reward = -1.0 if out_of_steps else result.reward
+        publish(
+            StepEvent(
+                event_id=new_event_id(),
+                client_id=config.client_id,
+                produced_at=time.time(),
+                episode_id=episode_id,
+                step=step,
+                task=task,
+                instruction=obs.instruction,
+                screenshot=encode_png(obs.screenshot),
+                thought=decision.thought,
+                action=decision.action,
+                model_version=policy.version,
+                verify=verify,
+                reward=reward,
+                done=done,
+                behaviour_logprob=decision.logprob,
+                inference_ms=thought_s * 1000,
+                env_ms=acted_s * 1000,
+                visual_tokens_total=int(decision.extras.get("visual_tokens_total", 0)),
+                visual_tokens_kept=int(decision.extras.get("visual_tokens_kept", 0)),
+            )
+        )
+        for phase, seconds in (("think", thought_s), ("act", acted_s), ("verify", verify_s)):
+            metrics.STEP_SECONDS.labels(phase).observe(seconds)
+        if done:
+            return reward > 0
+        obs = result.obs
+    return False
+
+
+def _policy_source(config: EdgeConfig, settings: Settings):
+    """task -> Policy. Experts are per task; a model is one policy for all tasks, swapped between episodes."""
+    if config.policy == "expert":
+        from edge_client.experts import expert_for
+
+        return expert_for
+    if config.policy != "model":
+        raise ValueError(f"policy must be 'expert' or 'model', got {config.policy!r}")
+    from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
+    from edge_client.onnx_policy import OnnxPolicy
+
+    swapper = ModelSwapper(
+        ModelVersionWatcher(settings, config.client_id, config.channel),
+        lambda path, version: OnnxPolicy(path, version, intra_op_threads=config.intra_op_threads),
+    )
+    deadline = time.monotonic() + config.wait_for_model_s
+    while swapper.maybe_swap(timeout_ms=500) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no model version on channel {config.channel!r} after {config.wait_for_model_s} s")
+
+    def current(_task: str) -> Policy:
+        return swapper.maybe_swap()
+
+    return current

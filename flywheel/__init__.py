@@ -1,0 +1,1 @@
+"""Flywheel: an event-sourced streaming data flywheel that trains GUI agents."""

@@ -1,0 +1,178 @@
+"""`flywheel demo`: N real turns of the flywheel on this machine.
+
+Turn 1: the fleet runs the scripted experts; their steps flow Kafka -> faust -> Delta; the learner
+trains the first model by SFT and publishes it. Each later turn: the fleet runs the newest model
+(received over Kafka, checked, hot-swapped), and the learner trains on everything so far.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.processes import Child, wait_until
+from flywheel.settings import TIER1_TASKS, Settings
+from processors.queries import episode_stats, step_count
+from streams.broker import ensure_topics, running_broker
+
+
+@dataclass
+class DemoConfig:
+    turns: int = 2
+    """Turns to run."""
+    clients: int = 2
+    """Edge clients (one browser each) per turn."""
+    out: Path = Path("runs/demo")
+    """Where report.json and the logs go."""
+    tasks: tuple[str, ...] = TIER1_TASKS
+    """Tasks the fleet cycles through."""
+    episodes_per_task: int = 12
+    """Episodes per task, per client and turn."""
+    sft_steps: int = 800
+    """SFT steps of the first model."""
+    finetune_steps: int = 300
+    """SFT steps of each later model (warm-started from the previous one)."""
+    drain_timeout_s: float = 300.0
+    """How long the pipeline may take to land a turn's steps in Delta after the clients finish."""
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run_demo(config: DemoConfig, settings: Settings) -> dict:
+    config.out.mkdir(parents=True, exist_ok=True)
+    # Each run gets its own topics and tables, so runs never read each other's events or models.
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    settings = settings.model_copy(
+        update={"data_dir": (config.out / "data").resolve(), "topic_prefix": f"{settings.topic_prefix}-{run_id}"}
+    )
+    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
+    logs = config.out / "logs"
+    report: dict = {"turns": [], "config": _jsonable(config.__dict__)}
+    started = time.monotonic()
+    say(f"data under {settings.data_dir.resolve()}, logs under {logs.resolve()}")
+    with running_broker(settings):
+        ensure_topics(settings)
+        say(f"kafka ready at {settings.bootstrap}")
+        worker = Child("processors", ["process"], logs, env)
+        try:
+            for turn in range(1, config.turns + 1):
+                report["turns"].append(run_turn(turn, config, settings, logs, worker, env))
+                _write(config.out / "report.json", report, started)
+        finally:
+            worker.stop()
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    _write(config.out / "report.json", report, started)
+    say(f"report: {(config.out / 'report.json').resolve()}")
+    for entry in report["turns"]:
+        say(
+            f"turn {entry['turn']}: fleet ran {entry['model_version']}, {entry['episodes']} episodes, "
+            f"success {entry['success_rate']:.2f}, steps {entry['steps_in_delta']}/{entry['steps_published']} "
+            f"in Delta, published {entry['published_version']}"
+        )
+    return report
+
+
+def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, worker: Child, env: dict) -> dict:
+    policy = "expert" if turn == 1 else "model"
+    prefix = f"t{turn}-"
+    say(f"turn {turn}: {config.clients} clients run the {policy} policy on {len(config.tasks)} tasks")
+    turn_started = time.monotonic()
+    summaries = [config.out / f"turn{turn}-client{k}.json" for k in range(config.clients)]
+    clients = [
+        Child(
+            f"turn{turn}-client{k}",
+            [
+                "edge",
+                "--client-id", f"{prefix}c{k}",
+                "--tasks", ",".join(config.tasks),
+                "--episodes", str(config.episodes_per_task),
+                "--policy", policy,
+                "--seed", str(turn * 10_000 + k * 1_000),
+                "--summary", str(summaries[k]),
+            ],
+            logs,
+            env,
+        )
+        for k in range(config.clients)
+    ]  # fmt: skip
+    try:
+        _watch_clients(clients, worker, settings, prefix)
+    finally:
+        for client in clients:
+            client.stop()
+    failed = [c.name for c in clients if c.proc.returncode != 0]
+    if failed:
+        raise RuntimeError(f"edge clients failed: {failed}\n" + "\n".join(c.tail() for c in clients))
+    client_summaries = [json.loads(path.read_text()) for path in summaries]
+    published = sum(s["steps_published"] for s in client_summaries)
+    episodes_run = sum(s["episodes"] for s in client_summaries)
+    fleet_versions = sorted({v for s in client_summaries for v in s["model_versions"]})
+
+    say(f"turn {turn}: {published} steps published; waiting for the pipeline to land them in Delta")
+    in_delta = wait_until(
+        lambda: (n := step_count(settings.tables_dir, prefix)) >= published and n,
+        config.drain_timeout_s,
+        what=f"{published} steps of turn {turn} in Delta",
+    )
+    stats = wait_until(
+        lambda: (s := episode_stats(settings.tables_dir, prefix))["episodes"] >= episodes_run and s,
+        config.drain_timeout_s,
+        what=f"{episodes_run} episodes of turn {turn} in Delta",
+    )
+    fleet_s = time.monotonic() - turn_started
+    say(f"turn {turn}: {in_delta} steps, {stats['episodes']} episodes in Delta, success {stats['success_rate']:.2f}")
+
+    steps = config.sft_steps if turn == 1 else config.finetune_steps
+    say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
+    learn_started = time.monotonic()
+    learner_summary = config.out / f"turn{turn}-learner.json"
+    learner = Child(
+        f"turn{turn}-learner", ["learn", "--steps", str(steps), "--summary", str(learner_summary)], logs, env
+    )
+    code = learner.wait()
+    learner.stop()
+    if code != 0:
+        raise RuntimeError(f"learner failed (exit {code}):\n{learner.tail()}")
+    learned = json.loads(learner_summary.read_text())
+    say(
+        f"turn {turn}: published {learned['version']} (loss {learned['first_loss']:.3f} -> {learned['final_loss']:.3f})"
+    )
+    return {
+        "turn": turn,
+        "model_version": ",".join(fleet_versions),
+        "published_version": learned["version"],
+        "episodes": stats["episodes"],
+        "steps_published": published,
+        "steps_in_delta": in_delta,
+        "success_rate": stats["success_rate"],
+        "per_task": stats["per_task"],
+        "learner": learned,
+        "fleet_wall_s": round(fleet_s, 1),
+        "learner_wall_s": round(time.monotonic() - learn_started, 1),
+    }
+
+
+def _watch_clients(clients: list[Child], worker: Child, settings: Settings, prefix: str) -> None:
+    """Wait for the clients, printing progress; fail fast if the processors die."""
+    last = 0.0
+    while any(c.running() for c in clients):
+        if not worker.running():
+            raise RuntimeError(f"the faust worker died:\n{worker.tail()}")
+        if time.monotonic() - last > 15:
+            last = time.monotonic()
+            running = sum(c.running() for c in clients)
+            say(f"  {running} clients running, {step_count(settings.tables_dir, prefix)} steps in Delta so far")
+        time.sleep(1)
+
+
+def _write(path: Path, report: dict, started: float) -> None:
+    report["elapsed_s"] = round(time.monotonic() - started, 1)
+    path.write_text(json.dumps(report, indent=2))
+
+
+def _jsonable(values: dict) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}

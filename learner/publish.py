@@ -1,0 +1,54 @@
+"""Publishing a trained model: ONNX export, content-addressed store, manifest, ModelVersionEvent."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flywheel.kafka_clients import make_producer
+from flywheel.registry import store_artifact, write_manifest
+from flywheel.settings import Settings
+from learner.export import export_onnx
+from learner.model import PixelPolicy
+from schemas import ModelVersionEvent, encode_event, new_event_id
+from streams.topics import topics_for
+
+
+def next_version(artifacts_dir: Path, stage: str) -> str:
+    """'sft-0003': stage plus a counter over the versions already in the store."""
+    existing = list((artifacts_dir / "manifests").glob("*.json"))
+    return f"{stage}-{len(existing) + 1:04d}"
+
+
+def publish_model(
+    model: PixelPolicy,
+    settings: Settings,
+    *,
+    stage: str,
+    parent: str,
+    lineage: dict[str, int],
+    work_dir: Path,
+    extra_manifest: dict | None = None,
+    channel: str = "stable",
+) -> ModelVersionEvent:
+    exported = export_onnx(model, work_dir / "model.onnx")
+    uri, digest = store_artifact(exported.path, settings.artifacts_dir)
+    event = ModelVersionEvent(
+        event_id=new_event_id(),
+        produced_at=time.time(),
+        version=next_version(settings.artifacts_dir, stage),
+        parent=parent,
+        stage=stage,
+        artifact_uri=uri,
+        sha256=digest,
+        channel=channel,
+        lineage=lineage,
+    )
+    write_manifest(event, settings.artifacts_dir, {"model_config": model.cfg.__dict__, **(extra_manifest or {})})
+    producer = make_producer(settings, "learner")
+    try:
+        # keyed by channel: the compacted topic keeps the newest version of each channel
+        producer.send(topics_for(settings).model_versions.name, key=channel.encode(), value=encode_event(event)).get(30)
+    finally:
+        producer.close()
+    return event

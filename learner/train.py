@@ -1,0 +1,89 @@
+"""One learner run: read Delta, train by SFT (warm-started from the previous version), publish."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.registry import resolve_model
+from flywheel.settings import Settings
+from learner import metrics
+from learner.data import load_samples, table_versions
+from learner.model import load_model
+from learner.publish import publish_model
+from learner.sft import SFTConfig, SFTProgress, train_sft
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LearnConfig:
+    sft: SFTConfig
+    """Optimiser settings; `sft.steps` is the step count of this run."""
+    purposes: tuple[str, ...] = ("demo", "success")
+    """training_samples purposes used by SFT: expert demonstrations and the fleet's own successes."""
+    warm_start: bool = True
+    """Continue from the newest published checkpoint when there is one."""
+    min_samples: int = 8
+    """Refuse to train on fewer samples (a broken pipeline, not a model to publish)."""
+
+
+def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
+    versions = table_versions(settings.tables_dir)
+    frame = load_samples(settings.tables_dir, config.purposes, versions)
+    if frame.height < config.min_samples:
+        raise RuntimeError(f"only {frame.height} training samples in {settings.tables_dir} (need {config.min_samples})")
+    parent, resume = _previous(settings) if config.warm_start else ("", None)
+    work_dir = settings.data_dir / "learner" / "runs" / f"from-{parent or 'scratch'}"
+
+    def on_progress(p: SFTProgress) -> None:
+        metrics.TRAINING_STEPS.labels("sft").inc(p.step - on_progress.last)
+        on_progress.last = p.step
+        metrics.LOSS.labels("sft").set(p.loss)
+        metrics.SAMPLES_PER_SECOND.labels("sft").set(p.samples_per_s)
+        if progress:
+            progress(p)
+
+    on_progress.last = 0
+    init_model = load_model(resume) if resume else None
+    result = train_sft(frame, config.sft, work_dir, init_model=init_model, progress=on_progress)
+    event = publish_model(
+        result.model,
+        settings,
+        stage="sft",
+        parent=parent,
+        lineage=versions,
+        work_dir=work_dir,
+        extra_manifest={
+            "checkpoint": str(result.checkpoint_path.resolve()),
+            "samples": frame.height,
+            "sft_config": config.sft.__dict__,
+        },
+    )
+    metrics.VERSIONS_PUBLISHED.labels("sft").inc()
+    metrics.CURRENT_VERSION.labels(event.version).set(1)
+    summary = {
+        "version": event.version,
+        "parent": parent,
+        "samples": frame.height,
+        "steps": result.steps,
+        "first_loss": result.losses[0] if result.losses else None,
+        "final_loss": result.losses[-1] if result.losses else None,
+        "samples_per_s": result.samples_per_s,
+        "wall_s": result.wall_s,
+        "lineage": versions,
+        "sha256": event.sha256,
+    }
+    log.warning("published %s", json.dumps(summary))
+    return summary
+
+
+def _previous(settings: Settings) -> tuple[str, Path | None]:
+    try:
+        _, version = resolve_model("latest", settings.artifacts_dir)
+    except FileNotFoundError:
+        return "", None
+    manifest = json.loads((settings.artifacts_dir / "manifests" / f"{version}.json").read_text())
+    return version, Path(manifest["checkpoint"])

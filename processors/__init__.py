@@ -1,0 +1,1 @@
+"""Stream processors: steps -> episode assembly -> scoring -> curation -> Delta tables."""

@@ -1,0 +1,124 @@
+"""Episode assembly, scoring and curation as pure functions (the faust agents only route events)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from schemas import EpisodeEvent, StepEvent, new_event_id
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    """score = completion_w * completion + efficiency_w * step_efficiency + verification_w * verification."""
+
+    completion: float = 0.7
+    step_efficiency: float = 0.15
+    verification: float = 0.15
+
+
+@dataclass
+class EpisodeProgress:
+    """What assembly remembers of an unfinished episode. Keyed by step index, so a redelivered step
+    (at-least-once delivery into the assembler) overwrites itself instead of counting twice."""
+
+    task: str = ""
+    client_id: str = ""
+    model_version: str = ""
+    first_produced_at: float = 0.0
+    verified: dict[int, bool | None] = field(default_factory=dict)
+
+    def add(self, step: StepEvent) -> None:
+        if not self.verified:
+            self.task, self.client_id, self.model_version = step.task, step.client_id, step.model_version
+            self.first_produced_at = step.produced_at
+        self.verified[step.step] = step.verify.ok
+
+    def to_dict(self) -> dict:
+        return {
+            "task": self.task,
+            "client_id": self.client_id,
+            "model_version": self.model_version,
+            "first_produced_at": self.first_produced_at,
+            "verified": {str(k): v for k, v in self.verified.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> EpisodeProgress:
+        if not raw:
+            return cls()
+        return cls(
+            task=raw["task"],
+            client_id=raw["client_id"],
+            model_version=raw["model_version"],
+            first_produced_at=raw["first_produced_at"],
+            verified={int(k): v for k, v in raw["verified"].items()},
+        )
+
+
+def step_efficiency(steps: int, reference_steps: int = 1) -> float:
+    """1.0 at or under the reference step count, decaying as 1/(1 + extra steps)."""
+    return 1.0 / (1 + max(0, steps - reference_steps))
+
+
+def verification_rate(verified: dict[int, bool | None]) -> float:
+    """Fraction of checkable steps whose expectation held (1.0 when nothing was checkable)."""
+    checked = [ok for ok in verified.values() if ok is not None]
+    return sum(checked) / len(checked) if checked else 1.0
+
+
+def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeights = ScoreWeights()) -> EpisodeEvent:
+    """The scored EpisodeEvent for an episode whose final step is `last`."""
+    steps = last.step + 1
+    success = last.reward > 0
+    completion = 1.0 if success else 0.0
+    efficiency = step_efficiency(steps) if success else 0.0
+    verification = verification_rate(progress.verified)
+    return EpisodeEvent(
+        event_id=new_event_id(),
+        client_id=last.client_id,
+        produced_at=time.time(),
+        episode_id=last.episode_id,
+        task=last.task,
+        seed=_seed_of(last.episode_id),
+        steps=steps,
+        raw_reward=last.reward,
+        binary_reward=1.0 if success else -1.0,
+        success=success,
+        termination=_termination(last),
+        model_version=last.model_version,
+        policy="expert" if last.model_version == "expert" else "model",
+        first_produced_at=progress.first_produced_at or last.produced_at,
+        completion=completion,
+        step_efficiency=efficiency,
+        verification=verification,
+        score=weights.completion * completion
+        + weights.step_efficiency * efficiency
+        + weights.verification * verification,
+    )
+
+
+def curate(episode: EpisodeEvent) -> tuple[str, float] | None:
+    """Purpose and weight of an episode's steps in training_samples, or None to leave it out.
+
+    Expert successes are demonstrations; the fleet's successes and failures are both kept (failures
+    are informative negatives for the RL stages). Failed demonstrations teach nothing and are dropped.
+    """
+    if episode.policy == "expert":
+        return ("demo", 1.0) if episode.success else None
+    return ("success", 1.0) if episode.success else ("failure", 1.0)
+
+
+def _termination(last: StepEvent) -> str:
+    if "timed out" in last.verify.observed or "timeout" in last.verify.observed:
+        return "timeout"
+    return "done" if last.reward > 0 else "failed"
+
+
+def _seed_of(episode_id: str) -> int:
+    """Episode ids are '<client>-<task>-<seed>-<n>' (edge_client.runner); -1 when not parseable."""
+    parts = episode_id.rsplit("-", 2)
+    try:
+        return int(parts[-2])
+    except (IndexError, ValueError):
+        return -1

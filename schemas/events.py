@@ -1,0 +1,171 @@
+"""The three events of the flywheel and their binary encoding.
+
+Every event is a frozen msgspec Struct carrying `kind` and `schema_version`. On the wire it is
+MessagePack. Decoding is strict: a wrong type or a missing field raises EventDecodeError whose
+message names the field (msgspec reports the JSON path, e.g. "at `$.action.x`"). Older schema
+versions are upcast on read by the functions in UPCASTERS; versions newer than this code knows
+are refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+ActionType = Literal["click", "type", "key", "scroll", "noop"]
+
+
+class Action(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """What the agent did. x, y are pixels in the 160x210 MiniWoB task area (x right, y down)."""
+
+    type: ActionType
+    x: float = 0.0
+    y: float = 0.0
+    text: str = ""
+    key: str = ""
+    scroll_dy: float = 0.0
+
+
+class Verify(msgspec.Struct, frozen=True):
+    """Think -> act -> verify: what the agent expected to see after acting, and what it saw."""
+
+    expected: str = ""
+    observed: str = ""
+    ok: bool | None = None  # None: nothing checkable was expected
+
+
+class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
+    event_id: str
+    client_id: str
+    produced_at: float  # unix seconds, set by the producer
+    episode_id: str
+    step: int
+    task: str
+    instruction: str
+    screenshot: bytes  # PNG of the screen the action was chosen on
+    thought: str
+    action: Action
+    model_version: str
+    verify: Verify
+    reward: float  # env reward after this step (terminal reward on the last step)
+    done: bool
+    behaviour_logprob: float | None = None
+    inference_ms: float = 0.0
+    env_ms: float = 0.0
+    visual_tokens_total: int = 0
+    visual_tokens_kept: int = 0
+    screenshot_ref: str = ""  # content address when the PNG lives in the blob store instead
+    schema_version: int = 1
+
+
+class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode"):
+    event_id: str
+    client_id: str
+    produced_at: float
+    episode_id: str
+    task: str
+    seed: int
+    steps: int
+    raw_reward: float
+    binary_reward: float  # +1 success, -1 otherwise
+    success: bool
+    termination: str  # "done" | "timeout" | "max_steps" | "error"
+    model_version: str
+    policy: str  # "expert" | "model"
+    first_produced_at: float = 0.0
+    # reward components, filled by the scorer
+    completion: float = 0.0
+    step_efficiency: float = 0.0
+    verification: float = 0.0
+    score: float = 0.0
+    schema_version: int = 1
+
+
+class ModelVersionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="model_version"):
+    event_id: str
+    produced_at: float
+    version: str
+    parent: str
+    stage: str  # "sft" | "offline_rl" | "online_rl" | ...
+    artifact_uri: str
+    sha256: str
+    channel: str = "stable"
+    signature: str = ""
+    lineage: dict[str, int] = {}  # Delta table name -> table version trained on
+    eval: dict[str, float] = {}  # task -> success rate
+    client_id: str = "learner"
+    schema_version: int = 1
+
+
+Event = StepEvent | EpisodeEvent | ModelVersionEvent
+CURRENT_VERSION: dict[str, int] = {"step": 1, "episode": 1, "model_version": 1}
+_TYPES: dict[str, type] = {"step": StepEvent, "episode": EpisodeEvent, "model_version": ModelVersionEvent}
+
+# (kind, version) -> function turning a decoded dict of that version into the next version's dict.
+UPCASTERS: dict[tuple[str, int], Any] = {}
+
+
+class EventDecodeError(ValueError):
+    """Bytes that are not a valid event. `reason` is short and machine-groupable, the message explains."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _Header(msgspec.Struct):
+    kind: str = ""
+    schema_version: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+_decoders = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in _TYPES.items()}
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(payload: bytes, expect: type | None = None) -> Event:
+    """Strictly decode one event; raise EventDecodeError naming what is wrong."""
+    try:
+        header = _header_decoder.decode(payload)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: test it first
+        raise EventDecodeError("invalid_header", str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError("undecodable", str(exc)) from exc
+    if header.kind not in _TYPES:
+        raise EventDecodeError("unknown_kind", f"kind {header.kind!r} is not one of {sorted(_TYPES)}")
+    cls = _TYPES[header.kind]
+    if expect is not None and cls is not expect:
+        raise EventDecodeError("wrong_kind", f"expected {expect.__name__}, got kind {header.kind!r}")
+    current = CURRENT_VERSION[header.kind]
+    if not 1 <= header.schema_version <= current:
+        raise EventDecodeError(
+            "unknown_schema_version",
+            f"{header.kind} schema_version {header.schema_version} (this reader knows 1..{current})",
+        )
+    try:
+        if header.schema_version == current:
+            return _decoders[header.kind].decode(payload)
+        raw = msgspec.msgpack.decode(payload)
+        for version in range(header.schema_version, current):
+            raw = UPCASTERS[(header.kind, version)](raw)
+        raw["schema_version"] = current
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as exc:
+        raise EventDecodeError("invalid_field", str(exc)) from exc
+
+
+def new_event_id() -> str:
+    """UUIDv7-style id: 48-bit unix milliseconds then randomness, so ids sort by creation time."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))

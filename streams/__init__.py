@@ -1,0 +1,1 @@
+"""Kafka topics, the local broker, and the faust app."""

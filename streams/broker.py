@@ -1,0 +1,372 @@
+"""A real Apache Kafka broker (KRaft, one combined broker+controller node on 127.0.0.1), run from Maven Central jars.
+
+Everything lives under `settings.kafka_dir`: `libs-<version>/` (the jars), `server.properties`, `data/`,
+`broker.log` (the JVM's stdout/stderr) and `broker.pid`. The broker outlives the Python process that started
+it; `down` stops it again.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kafka import KafkaAdminClient
+
+from flywheel.settings import Settings
+from streams.topics import topics_for
+
+OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"
+POM = OPS_DIR / "pom.xml"
+LOG4J2_CONFIG = OPS_DIR / "log4j2.properties"
+TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code: another client created the topic first
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be fetched, formatted, started or stopped."""
+
+
+# --- jars -------------------------------------------------------------------------------------------------------
+
+
+def ensure_jars(settings: Settings) -> Path:
+    """Return the directory holding the broker's jars, resolving them with Maven only when not done before."""
+    libs = settings.kafka_dir / f"libs-{settings.kafka_version}"
+    stamp = libs / ".complete"  # written last: a copy interrupted half-way has no stamp and is redone
+    if stamp.exists():
+        return libs
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (parallel test sessions) may share one jar cache: only one of them runs Maven.
+    with _file_lock(libs.parent / f"{libs.name}.lock"):
+        if not stamp.exists():
+            shutil.rmtree(libs, ignore_errors=True)
+            _copy_dependencies(settings.kafka_version, libs)
+            stamp.write_text(f"org.apache.kafka:kafka_2.13:{settings.kafka_version}\n")
+    return libs
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _copy_dependencies(version: str, libs: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerError("Maven (mvn) is not on PATH: it is needed once to fetch the Kafka jars")
+    cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+           f"-Dkafka.version={version}", f"-DoutputDirectory={libs}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BrokerError(f"fetching Kafka {version} jars failed:\n{_tail(done.stdout + done.stderr)}")
+
+
+# --- start / stop -----------------------------------------------------------------------------------------------
+
+
+def up(settings: Settings, timeout: float = 90.0) -> int:
+    """Start the local broker unless it already runs, wait until it serves requests, create the topics.
+
+    Returns the broker's pid. Raises BrokerError, with the tail of the broker log, if it dies or is not ready
+    within `timeout` seconds (it is then stopped, so nothing half-started is left behind).
+    """
+    pid = _running_pid(settings)
+    if pid is not None and _answers_api_versions(settings.local_bootstrap):
+        return pid
+    if pid is not None:  # alive but not answering: a start still in progress elsewhere, or a wedged broker
+        return _await_ready(settings, pid, timeout)
+    _refuse_busy_ports(settings)
+    libs = ensure_jars(settings)
+    props = _write_server_properties(settings)
+    if not (settings.kafka_dir / "data" / "meta.properties").exists():
+        _format_storage(settings, libs, props)
+    pid = _spawn_detached(_java(settings, libs) + ["kafka.Kafka", str(props)], _log_path(settings))
+    _pid_path(settings).write_text(f"{pid}\n")
+    return _await_ready(settings, pid, timeout)
+
+
+def down(settings: Settings, timeout: float = 30.0) -> None:
+    """Stop the local broker (SIGTERM, then SIGKILL after `timeout` seconds). Does nothing when it is not running."""
+    pid = _running_pid(settings)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)  # Kafka's shutdown hook closes the logs cleanly: next start skips recovery
+        if not _wait_gone(settings, pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(settings, pid, 10.0)
+    _pid_path(settings).unlink(missing_ok=True)
+
+
+def status(settings: Settings) -> dict:
+    """Describe the broker: running, pid (local broker only), bootstrap, topics (None when unreachable)."""
+    pid = None if settings.uses_external_kafka else _running_pid(settings)
+    topics = None
+    if _answers_api_versions(settings.bootstrap):
+        with _admin(settings.bootstrap) as admin:
+            topics = sorted(admin.list_topics())
+    return {"running": pid is not None or topics is not None, "pid": pid, "bootstrap": settings.bootstrap,
+            "topics": topics}
+
+
+@contextmanager
+def running_broker(settings: Settings) -> Iterator[Settings]:
+    """Have a broker with the flywheel's topics for the duration of the block; stop it after only if we started it."""
+    if settings.uses_external_kafka:
+        ensure_topics(settings)
+        yield settings
+        return
+    started_here = _running_pid(settings) is None
+    up(settings)
+    try:
+        yield settings
+    finally:
+        if started_here:
+            down(settings)
+
+
+# --- topics -----------------------------------------------------------------------------------------------------
+
+
+def ensure_topics(settings: Settings) -> list[str]:
+    """Create every flywheel topic that is missing (on `settings.bootstrap`) and return the names created."""
+    specs = topics_for(settings).all()
+    with _admin(settings.bootstrap) as admin:
+        existing = set(admin.list_topics())
+        missing = [spec for spec in specs if spec.name not in existing]
+        if missing:
+            # replication_factor -1: the cluster's default.replication.factor, so external clusters get theirs.
+            wanted = {s.name: {"num_partitions": s.partitions, "replication_factor": -1, "configs": s.config}
+                      for s in missing}
+            result = admin.create_topics(wanted, raise_errors=False)
+            failed = [t for t in result["topics"] if t["error_code"] not in (0, TOPIC_ALREADY_EXISTS)]
+            if failed:
+                raise BrokerError(f"creating topics failed: {failed}")
+        # CreateTopics returns before the new partitions have leaders; producers right after would stall.
+        admin.wait_for_topics([spec.name for spec in specs], timeout_ms=30_000)
+    return [spec.name for spec in missing]
+
+
+@contextmanager
+def _admin(bootstrap: str) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-broker-ctl",
+                             bootstrap_timeout_ms=10_000, request_timeout_ms=30_000)
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+# --- broker configuration ---------------------------------------------------------------------------------------
+
+
+def _server_properties(settings: Settings) -> dict[str, str | int]:
+    port = settings.kafka_port
+    return {
+        "process.roles": "broker,controller",
+        "node.id": 1,
+        # Static quorum: storage is formatted without --standalone and the port may change between starts.
+        "controller.quorum.voters": f"1@127.0.0.1:{port + 1}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{port + 1}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "log.dirs": str(settings.kafka_dir / "data"),
+        # One node: internal topics cannot have more than one replica. Their default 50 partitions each only
+        # cost startup time and file handles here.
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 4,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 4,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        "share.coordinator.state.topic.num.partitions": 4,
+        "group.initial.rebalance.delay.ms": 0,
+        "auto.create.topics.enable": "false",  # topics come from streams.topics only; typos must fail loudly
+        "message.max.bytes": 2 * 1024 * 1024 + 64 * 1024,  # a 2 MiB record plus batch overhead
+        # The 2-core box is shared: far fewer threads than the defaults (3 network, 8 I/O).
+        "num.network.threads": 2,
+        "num.io.threads": 2,
+        "background.threads": 2,
+        # The cleaner's dedupe map is allocated on the heap (128 MiB by default); our compacted topic is tiny.
+        "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
+    }
+
+
+def _write_server_properties(settings: Settings) -> Path:
+    # Rewritten on every start so changed settings (port, paths) take effect; the data dir keeps the state.
+    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.kafka_dir / "server.properties"
+    lines = [f"{key}={value}" for key, value in _server_properties(settings).items()]
+    path.write_text("# Written by streams/broker.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def _format_storage(settings: Settings, libs: Path, props: Path) -> None:
+    cmd = _java(settings, libs) + ["kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=settings.kafka_dir)
+    if done.returncode != 0:
+        raise BrokerError(f"formatting Kafka storage failed:\n{_tail(done.stdout + done.stderr)}")
+
+
+def _cluster_id() -> str:
+    # Kafka's Uuid text form (what `kafka-storage random-uuid` prints): 16 random bytes, url-safe base64, no
+    # padding; Kafka itself never hands out ids starting with '-' (they read as command-line flags).
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster_id
+
+
+def _java(settings: Settings, libs: Path) -> list[str]:
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError("java is not on PATH: the Kafka broker needs Java 17+")
+    return [
+        java,
+        "-Xms64m",
+        f"-Xmx{settings.kafka_heap}",
+        # Serial GC: no concurrent GC threads competing for 2 shared cores; pauses on a small heap are short.
+        "-XX:+UseSerialGC",
+        "-XX:+ExitOnOutOfMemoryError",  # a dead broker gets noticed; a thrashing one only slows everything
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+        "-cp",
+        f"{libs}/*",
+    ]
+
+
+# --- process handling -------------------------------------------------------------------------------------------
+
+
+def _spawn_detached(cmd: list[str], log_path: Path) -> int:
+    """Start cmd in a new session (no terminal signals reach it), stdout/stderr to log_path; return its pid.
+
+    posix_spawn rather than Popen: no Popen object to warn about a still-running child, yet the broker stays our
+    child while we live, so `down` can reap it (this box's PID 1 never reaps orphans, leaving zombies).
+    """
+    if log_path.exists():  # keep the previous run's log, but not every run's
+        log_path.replace(log_path.with_suffix(".log.1"))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    files = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+             (os.POSIX_SPAWN_OPEN, 1, str(log_path), flags, 0o644),
+             (os.POSIX_SPAWN_DUP2, 1, 2)]
+    return os.posix_spawn(cmd[0], cmd, os.environ, file_actions=files, setsid=True)
+
+
+def _await_ready(settings: Settings, pid: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while not _answers_api_versions(settings.local_bootstrap):
+        if not _is_broker(settings, pid):
+            _pid_path(settings).unlink(missing_ok=True)
+            raise BrokerError(f"Kafka broker exited during startup; {_log_path(settings)} ends with:\n"
+                              f"{_tail(_read_log(settings))}")
+        if time.monotonic() > deadline:
+            log_tail = _tail(_read_log(settings))
+            down(settings)
+            raise BrokerError(f"Kafka broker not ready after {timeout:.0f}s (stopped it); log ends with:\n{log_tail}")
+        time.sleep(0.25)
+    ensure_topics(settings)
+    return pid
+
+
+def _running_pid(settings: Settings) -> int | None:
+    try:
+        pid = int(_pid_path(settings).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _is_broker(settings, pid) else None
+
+
+def _is_broker(settings: Settings, pid: int) -> bool:
+    """True when pid is a live JVM running this home's broker: a reused pid or a zombie does not count."""
+    if _reaped(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    # A broker started by a process that has exited is an orphan: when it dies it stays a zombie until PID 1
+    # reaps it, which some container inits never do.
+    props = str(settings.kafka_dir / "server.properties").encode()
+    return state != "Z" and b"kafka.Kafka" in cmdline and props in cmdline
+
+
+def _reaped(pid: int) -> bool:
+    """Reap pid if it is our own child that has exited (True); False while it runs or when it is not our child."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False
+
+
+def _wait_gone(settings: Settings, pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _is_broker(settings, pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _refuse_busy_ports(settings: Settings) -> None:
+    for port in (settings.kafka_port, settings.kafka_port + 1):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise BrokerError(f"port {port} is already in use by another process; set FLYWHEEL_KAFKA_PORT")
+
+
+def _answers_api_versions(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True when the first bootstrap server answers an ApiVersions request.
+
+    A Kafka broker accepts connections early but processes requests only once it has joined the quorum and been
+    unfenced, so an answer means it is ready. A bare socket keeps this poll cheap and free of client threads.
+    """
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    client_id = b"flywheel"
+    # Request header v1 (api_key 18 = ApiVersions, version 0, correlation id, client id); v0 has no body.
+    request = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            reply = sock.makefile("rb").read(10)  # length, correlation id, error code
+    except (OSError, ValueError):
+        return False
+    if len(reply) < 10:
+        return False
+    _, correlation_id, error_code = struct.unpack(">iih", reply)
+    return correlation_id == 7 and error_code == 0
+
+
+# --- files ------------------------------------------------------------------------------------------------------
+
+
+def _pid_path(settings: Settings) -> Path:
+    return settings.kafka_dir / "broker.pid"
+
+
+def _log_path(settings: Settings) -> Path:
+    return settings.kafka_dir / "broker.log"
+
+
+def _read_log(settings: Settings) -> str:
+    try:
+        return _log_path(settings).read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no broker log)"
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])

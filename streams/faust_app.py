@@ -1,0 +1,45 @@
+"""The faust app and its topic handles, built from Settings (the edge client never imports this)."""
+
+from __future__ import annotations
+
+import faust
+
+from flywheel.settings import Settings
+from streams.topics import topics_for
+
+
+def broker_url(bootstrap: str) -> str:
+    """'h1:9092,h2:9092' -> 'kafka://h1:9092;kafka://h2:9092' (faust's multi-broker form)."""
+    return ";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip())
+
+
+def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.App:
+    return faust.App(
+        f"{settings.topic_prefix}-{app_id}",
+        broker=broker_url(settings.bootstrap),
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",  # state is rebuilt from its changelog topic on start
+        topic_replication_factor=1,
+        topic_partitions=settings.topic_partitions,
+        web_enabled=False,  # /metrics is served by prometheus_client instead
+        producer_acks=-1,
+        broker_commit_every=200,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        datadir=str(settings.home / "faust" / settings.topic_prefix),
+    )
+
+
+def app_topics(app: faust.App, settings: Settings) -> dict[str, faust.TopicT]:
+    """faust handles for every flywheel topic (created beforehand by streams.broker.ensure_topics)."""
+    specs = topics_for(settings)
+    return {
+        name: app.topic(spec.name, partitions=spec.partitions, value_serializer="raw", key_serializer="raw")
+        for name, spec in (
+            ("steps", specs.steps),
+            ("episodes", specs.episodes),
+            ("model_versions", specs.model_versions),
+            ("dead_letters", specs.dead_letters),
+        )
+    }

@@ -1,0 +1,36 @@
+"""Every topic of the flywheel, defined once. Importable without faust (the edge install has none)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flywheel.settings import Settings
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Topics:
+    steps: TopicSpec  # StepEvent, keyed by episode_id so an episode stays ordered in one partition
+    episodes: TopicSpec  # scored EpisodeEvent, keyed by episode_id
+    model_versions: TopicSpec  # ModelVersionEvent, compacted, keyed by channel
+    dead_letters: TopicSpec  # original bytes + reason in headers
+
+    def all(self) -> list[TopicSpec]:
+        return [self.steps, self.episodes, self.model_versions, self.dead_letters]
+
+
+def topics_for(settings: Settings) -> Topics:
+    prefix = settings.topic_prefix
+    retention = {"retention.ms": str(settings.topic_retention_ms), "max.message.bytes": str(2 * 1024 * 1024)}
+    return Topics(
+        steps=TopicSpec(f"{prefix}.steps", settings.topic_partitions, retention),
+        episodes=TopicSpec(f"{prefix}.episodes", settings.topic_partitions, retention),
+        model_versions=TopicSpec(f"{prefix}.model_versions", 1, {"cleanup.policy": "compact"}),
+        dead_letters=TopicSpec(f"{prefix}.dead_letters", 1, retention),
+    )

@@ -1,0 +1,39 @@
+from deltalake import DeltaTable
+
+from processors.delta_sink import DeltaSink, Record, app_id
+from processors.rows import step_row
+from processors.tables import STEPS
+from tests.factories import step_event
+
+
+def records(offsets, partition=0, topic="t.steps"):
+    return [Record(topic, partition, o, [step_row(step_event(step=o), partition, o)]) for o in offsets]
+
+
+def test_offsets_commit_with_rows_and_redelivery_is_skipped(tmp_path):
+    sink = DeltaSink(tmp_path, STEPS)
+    assert sink.write(records(range(0, 5))) == 5
+    # a restarted worker gets 3..7 again: only 5..7 are new
+    fresh_sink = DeltaSink(tmp_path, STEPS)
+    assert fresh_sink.write(records(range(3, 8))) == 3
+    table = DeltaTable(str(tmp_path / STEPS))
+    assert table.transaction_version(app_id(STEPS, "t.steps", 0)) == 7
+    assert sorted(table.to_pyarrow_table(columns=["kafka_offset"]).column(0).to_pylist()) == list(range(8))
+
+
+def test_partitions_are_tracked_separately(tmp_path):
+    sink = DeltaSink(tmp_path, STEPS)
+    sink.write(records([10, 11], partition=0) + records([3], partition=1))
+    assert sink.committed_offsets({("t.steps", 0), ("t.steps", 1), ("t.steps", 2)}) == {
+        ("t.steps", 0): 11,
+        ("t.steps", 1): 3,
+        ("t.steps", 2): -1,
+    }
+
+
+def test_dead_letter_offsets_advance_without_rows(tmp_path):
+    sink = DeltaSink(tmp_path, STEPS)
+    sink.write(records([0]) + [Record("t.steps", 0, 1, [])])
+    assert sink.committed_offsets({("t.steps", 0)}) == {("t.steps", 0): 1}
+    assert sink.write([Record("t.steps", 0, 1, [])]) == 0
+    assert DeltaTable(str(tmp_path / STEPS)).to_pyarrow_table().num_rows == 1
