@@ -61,6 +61,11 @@ CHROME_ARGS: tuple[str, ...] = (
     "force-device-scale-factor=1",  # 1 CSS px = 1 screenshot px, so DOM boxes match the image
 )
 
+SETTLE_MAX_S = 2.0
+SETTLE_POLL_S = 0.02
+# True while a jQuery (or jQuery UI) animation runs on the page; pages without jQuery never animate this way.
+_ANIMATING_JS = "return !!(window.jQuery && jQuery.fn && jQuery(':animated').length);"
+
 TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows x columns x RGB
 
 
@@ -77,7 +82,9 @@ class EnvConfig:
     chrome_args: tuple[str, ...] = CHROME_ARGS
     """Command-line switches (without the leading dashes)."""
     wait_ms: float = 0.0
-    """Pause after each action before the screenshot, for tasks with animations."""
+    """Pause after every action before the screenshot (jQuery animations are awaited anyway)."""
+    noop_wait_s: float = 0.5
+    """A "noop" action waits this long: the agent's way to let timers fire (e.g. autocomplete's 300 ms)."""
     base_url: str = DEFAULT_BASE_URL
     """Where the task HTML lives; the default is the copy inside the miniwob package."""
 
@@ -138,6 +145,19 @@ class _Instance(SeleniumInstance):
         self.field_extractor = get_field_extractor(subdomain)
         self.cached_fields = []
         self._load_page()
+
+    def perform(self, action: Any, action_space_config: ActionSpaceConfig) -> None:
+        super().perform(action, action_space_config)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait (up to SETTLE_MAX_S) for jQuery animations to finish, so the observation shows where
+        things end up: e.g. click-collapsible slides its section open and moves the Submit button."""
+        deadline = time.perf_counter() + SETTLE_MAX_S
+        while time.perf_counter() < deadline:
+            if not self.driver.execute_script(_ANIMATING_JS):
+                return
+            time.sleep(SETTLE_POLL_S)
 
     def raise_episode_time(self) -> None:
         ms = int(self.config.episode_max_time_s * 1000)
@@ -216,6 +236,8 @@ class GuiEnv:
         except ValueError as exc:
             # A model may emit a key miniwob cannot press: that step is wasted (a no-op), not a crash.
             miniwob_action, invalid = self._noop(), str(exc)
+        if action.type == "noop":
+            time.sleep(self.config.noop_wait_s)
         raw_obs, reward, done, _truncated, meta = self._env.step(miniwob_action)
         env_ms = (time.perf_counter() - t0) * 1000.0
         self._step += 1

@@ -75,7 +75,8 @@ def export_onnx(
             dynamo=False,
         )
     proto = onnx.load(str(path))
-    for key, value in ((CONFIG_METADATA_KEY, json.dumps(cfg.to_dict())), (ACTIONS_METADATA_KEY, json.dumps(ACTION_TYPES))):
+    metadata = {CONFIG_METADATA_KEY: json.dumps(cfg.to_dict()), ACTIONS_METADATA_KEY: json.dumps(ACTION_TYPES)}
+    for key, value in metadata.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     proto.producer_name = "flywheel.learner"

@@ -5,7 +5,7 @@
     instruction bytes (B,L) ──embed──> 1-D convs ──> masked mean|max pool ──> text (B,Dt)
                                                                    │ FiLM (γ, β) per residual block
                                                       residual conv blocks at cell resolution
-                                                        ├─ 1x1 conv ──> cell logits  (B, gh*gw)
+                                                        ├─ 1x1 conv + <q(text), k(cell)> ──> cell logits (B, gh*gw)
                                                         ├─ 1x1 conv ──> in-cell offsets (B, gh*gw, 2) ∈ [0,1]
                                                         └─ mean|max pool ⊕ text ──> MLP ──> type logits (B, 5)
 
@@ -76,6 +76,9 @@ class PolicyConfig:
 
     type_hidden: int = 96
     """Hidden width of the action-type MLP."""
+
+    query_dim: int = 32
+    """Width of the text-query / cell-key dot product added to the cell logits (0 disables)."""
 
     predict_offset: bool = True
     """Regress an in-cell (dx, dy) offset per cell; False clicks at cell centres."""
@@ -156,10 +159,15 @@ class PixelPolicy(nn.Module):
         self.patch = nn.Conv2d(cfg.stem_channels, cfg.channels, patch, stride=patch)  # (B, C, gh, gw)
         self.pos = nn.Parameter(torch.randn(1, cfg.channels, grid.rows, grid.cols) * 0.02)
         self.text = InstructionEncoder(cfg)
-        self.blocks = nn.ModuleList(FiLMBlock(cfg.channels, cfg.text_channels, cfg.groups) for _ in range(cfg.num_blocks))
+        self.blocks = nn.ModuleList(
+            FiLMBlock(cfg.channels, cfg.text_channels, cfg.groups) for _ in range(cfg.num_blocks)
+        )
         self.out_norm = nn.GroupNorm(cfg.groups, cfg.channels)
         self.cell_head = nn.Conv2d(cfg.channels, 1, 1)
         self.offset_head = nn.Conv2d(cfg.channels, 2, 1)
+        if cfg.query_dim:
+            self.cell_key = nn.Conv2d(cfg.channels, cfg.query_dim, 1)
+            self.cell_query = nn.Linear(cfg.text_channels, cfg.query_dim)
         self.type_head = nn.Sequential(
             nn.Linear(2 * cfg.channels + cfg.text_channels, cfg.type_hidden),
             nn.ReLU(),
@@ -175,6 +183,10 @@ class PixelPolicy(nn.Module):
             x = block(x, text)
         x = F.relu(self.out_norm(x))  # (B, C, gh, gw)
         cell_logits = self.cell_head(x).flatten(1)  # (B, G)
+        if self.cfg.query_dim:
+            key = self.cell_key(x).flatten(2)  # (B, Dq, G)
+            query = self.cell_query(text).unsqueeze(1)  # (B, 1, Dq)
+            cell_logits = cell_logits + (query @ key).squeeze(1) / self.cfg.query_dim**0.5  # (B, G)
         if self.cfg.predict_offset:
             offsets = torch.sigmoid(self.offset_head(x)).flatten(2).transpose(1, 2)  # (B, G, 2)
         else:
@@ -199,7 +211,8 @@ def greedy(model: PixelPolicy, screenshot, instruction: str) -> GreedyAction:
     inputs = prepare_inputs(screenshot, instruction, model.cfg.max_instruction_bytes)
     with torch.inference_mode():
         out = model(torch.from_numpy(inputs["image"]), torch.from_numpy(inputs["instruction_ids"]))
-    return decode_greedy(out.type_logits[0].numpy(), out.cell_logits[0].numpy(), out.cell_offsets[0].numpy(), model.cfg.grid)
+    type_logits, cell_logits, offsets = (t[0].numpy() for t in out)
+    return decode_greedy(type_logits, cell_logits, offsets, model.cfg.grid)
 
 
 class TorchPolicy:

@@ -3,9 +3,9 @@
 Loss over a batch of B steps i with weights w_i, action type a_i, target cell c_i, in-cell offset o_i and
 m_i = 1 if a_i is positional (click, scroll):
 
-    L = Σ_i w_i [ λ_type · −log p_θ(a_i | s_i)  +  λ_cell · m_i · −log p_θ(c_i | s_i)  +  λ_off · m_i · ‖ô_θ(c_i | s_i) − o_i‖₁ ]
-        ─────────────────────────────────────────────────────────────────────────────────────────────────────
-                                                     Σ_i w_i
+    L = Σ_i w_i [ λ_type · −log p_θ(a_i|s_i) + λ_cell · m_i · −log p_θ(c_i|s_i) + λ_off · m_i · ‖ô_θ(c_i|s_i) − o_i‖₁ ]
+        ──────────────────────────────────────────────────────────────────────────────────────────────────────
+                                                      Σ_i w_i
 
 p_θ(a|s) is a softmax over ACTION_TYPES, p_θ(c|s) a softmax over the G grid cells, ô_θ(c|s) the predicted offset
 of the target cell (not of the argmax cell).
@@ -250,7 +250,7 @@ def train_sft(
     start_step, rng = 0, np.random.default_rng(config.seed)
     state = None
     if resume_from is not None:
-        state = torch.load(resume_from, map_location="cpu", weights_only=False)
+        state = torch.load(resume_from, map_location="cpu", weights_only=True)
         saved = PolicyConfig.from_dict(state["model_config"])
         if model_config is not None and model_config != saved:
             raise ValueError(f"model_config {model_config} differs from the checkpoint's {saved}")

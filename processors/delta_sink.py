@@ -70,9 +70,16 @@ class DeltaSink:
         return offsets
 
     def not_yet_written(self, records: Sequence[Record]) -> list[Record]:
-        """Drop records whose offsets an earlier commit already holds (redelivery after restart)."""
+        """Drop records whose offsets an earlier commit already holds (redelivery after a restart),
+        and repeats of an offset within the batch (redelivery after a rebalance, before the ack)."""
         committed = self.committed_offsets({(r.topic, r.partition) for r in records})
-        return [r for r in records if r.offset > committed[(r.topic, r.partition)]]
+        fresh, seen = [], set()
+        for record in records:
+            at = (record.topic, record.partition, record.offset)
+            if record.offset > committed[(record.topic, record.partition)] and at not in seen:
+                seen.add(at)
+                fresh.append(record)
+        return fresh
 
     def write(self, records: Sequence[Record]) -> int:
         """Append the fresh records' rows and their offsets in one commit; return the rows written.

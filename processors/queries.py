@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-from deltalake.exceptions import TableNotFoundError
 
 from processors.tables import EPISODES, STEPS, table_uri
 
 
 def _scan(tables_dir: Path, table: str) -> pl.LazyFrame | None:
-    try:
-        return pl.scan_delta(table_uri(tables_dir, table))
-    except (TableNotFoundError, FileNotFoundError, OSError):
+    """The table, or None before its first commit."""
+    uri = table_uri(tables_dir, table)
+    if not (Path(uri) / "_delta_log").is_dir():
         return None
+    return pl.scan_delta(uri)
 
 
 def step_count(tables_dir: Path, client_prefix: str = "") -> int:

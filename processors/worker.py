@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 
 from flywheel.settings import Settings, get_settings
 from processors import metrics
+from processors.batching import Batcher
 from processors.delta_sink import DeltaSink, Record
 from processors.rows import episode_row, sample_rows, step_row
 from processors.scoring import EpisodeProgress, curate, score_episode
@@ -73,10 +74,18 @@ def build_app(settings: Settings) -> faust.App:
     topics = app_topics(app, settings)
     progress_table = app.Table("episode_progress", default=None, partitions=settings.topic_partitions)
 
+    batchers: list[Batcher] = []
+
+    @app.timer(interval=BATCH_WITHIN_S / 4)
+    async def flush_due_batches():
+        for batcher in batchers:
+            await batcher.flush_if_due()
+
     @app.agent(topics["steps"])
     async def ingest_steps(stream):
         sink = DeltaSink(settings.tables_dir, STEPS)
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+
+        async def write_steps(events) -> None:
             records, dead = [], []
             for event in events:
                 message = event.message
@@ -90,13 +99,20 @@ def build_app(settings: Settings) -> faust.App:
             fresh = await asyncio.to_thread(sink.not_yet_written, records)
             fresh_offsets = {(r.topic, r.partition, r.offset) for r in fresh}
             for message, error in dead:
-                if (message.topic, message.partition, message.offset) in fresh_offsets:
+                at = (message.topic, message.partition, message.offset)
+                if at in fresh_offsets:
+                    fresh_offsets.discard(at)  # a redelivered copy in the same batch is not sent twice
                     # before the Delta commit: a crash in between re-sends it rather than losing it
                     await topics["dead_letters"].send(value=message.value, headers=dead_letter_headers(message, error))
                     metrics.DEAD_LETTERS.labels(error.reason).inc()
             await _commit(sink, fresh)
             metrics.EVENTS.labels("steps", "ok").inc(len(events) - len(dead))
             metrics.EVENTS.labels("steps", "dead_letter").inc(len(dead))
+
+        batcher = Batcher(write_steps, BATCH_MAX, BATCH_WITHIN_S)
+        batchers.append(batcher)
+        async for event in stream.noack().events():
+            await batcher.add(event)
 
     @app.agent(topics["steps"])
     async def assemble_episodes(stream):
@@ -120,7 +136,8 @@ def build_app(settings: Settings) -> faust.App:
         episodes_sink = DeltaSink(settings.tables_dir, EPISODES)
         samples_sink = DeltaSink(settings.tables_dir, TRAINING_SAMPLES)
         episodes_seen, samples_seen = EpisodeDeduper(episodes_sink), EpisodeDeduper(samples_sink)
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+
+        async def write_episodes(events) -> None:
             episode_records, sample_records = [], []
             for event in events:
                 message = event.message
@@ -146,6 +163,11 @@ def build_app(settings: Settings) -> faust.App:
                 fresh = await asyncio.to_thread(sink.not_yet_written, records)
                 await _commit(sink, seen.fresh(fresh))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events))
+
+        batcher = Batcher(write_episodes, BATCH_MAX, BATCH_WITHIN_S)
+        batchers.append(batcher)
+        async for event in stream.noack().events():
+            await batcher.add(event)
 
     return app
 

@@ -14,6 +14,8 @@ def broker_url(bootstrap: str) -> str:
 
 
 def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.App:
+    datadir = settings.home / "faust" / settings.topic_prefix
+    datadir.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     return faust.App(
         f"{settings.topic_prefix}-{app_id}",
         broker=broker_url(settings.bootstrap),
@@ -27,7 +29,7 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         broker_commit_every=200,
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
-        datadir=str(settings.home / "faust" / settings.topic_prefix),
+        datadir=str(datadir),
     )
 
 

@@ -37,3 +37,11 @@ def test_dead_letter_offsets_advance_without_rows(tmp_path):
     assert sink.committed_offsets({("t.steps", 0)}) == {("t.steps", 0): 1}
     assert sink.write([Record("t.steps", 0, 1, [])]) == 0
     assert DeltaTable(str(tmp_path / STEPS)).to_pyarrow_table().num_rows == 1
+
+
+def test_repeats_within_a_batch_are_written_once(tmp_path):
+    """After a rebalance faust redelivers from the committed offset what the batch already holds."""
+    sink = DeltaSink(tmp_path, STEPS)
+    assert sink.write(records([0, 1, 2]) + records([1, 2, 3])) == 4
+    offsets = DeltaTable(str(tmp_path / STEPS)).to_pyarrow_table(columns=["kafka_offset"]).column(0).to_pylist()
+    assert sorted(offsets) == [0, 1, 2, 3]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The one entry point for a fresh machine:
+#   ./flywheel.sh demo --turns 2 --clients 2 --out runs/demo   # install what is missing, run the flywheel
+#   ./flywheel.sh test                                         # install what is missing, run the test suite
+#   ./flywheel.sh <any flywheel subcommand>                    # e.g. eval, kafka up, process, edge, learn
+set -euo pipefail
+cd "$(dirname "$0")"
+bash ops/setup.sh
+PYTHON=${PYTHON:-python3}
+if [ "${1:-}" = "test" ]; then
+  shift
+  set +e
+  "$PYTHON" -m pytest -ra "$@"
+  rc=$?
+  if [ $rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi
+  exit $rc
+fi
+exec "$PYTHON" -m flywheel.cli "$@"

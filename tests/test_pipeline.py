@@ -1,0 +1,128 @@
+"""The processors against the real broker and real Delta tables (no fakes)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from flywheel.kafka_clients import make_producer
+from flywheel.processes import Child, wait_until
+from processors.queries import episode_stats, step_count
+from processors.tables import STEPS, TRAINING_SAMPLES, table_uri
+from schemas import encode_event
+from streams.broker import ensure_topics
+from streams.topics import topics_for
+from tests.factories import step_event
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def flywheel(kafka_settings, tmp_path):
+    """Settings with topics and tables of this test alone, and the env that hands them to children."""
+    settings = kafka_settings.model_copy(
+        update={"data_dir": tmp_path / "data", "topic_prefix": f"test-{uuid.uuid4().hex[:8]}"}
+    )
+    ensure_topics(settings)
+    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
+    children: list[Child] = []
+
+    def start_worker() -> Child:
+        child = Child(f"processors-{len(children)}", ["process"], tmp_path / "logs", env)
+        children.append(child)
+        return child
+
+    yield settings, start_worker
+    for child in children:
+        child.stop()
+
+
+def produce(settings, events_or_bytes) -> None:
+    producer = make_producer(settings, "test")
+    topic = topics_for(settings).steps.name
+    for item in events_or_bytes:
+        if isinstance(item, bytes):
+            producer.send(topic, key=b"bad", value=item)
+        else:
+            producer.send(topic, key=item.episode_id.encode(), value=encode_event(item))
+    producer.flush()
+    producer.close()
+
+
+def episode(client: str, n: int, steps: int = 2, reward: float = 1.0):
+    episode_id = f"{client}-click-test-{n}-{n}"
+    return [step_event(episode_id, step=i, done=i == steps - 1, reward=reward if i == steps - 1 else 0.0)
+            for i in range(steps)]  # fmt: skip
+
+
+def landed(settings, worker: Child, count: int):
+    """Predicate for wait_until: `count` steps are in Delta; fails at once if the worker died."""
+
+    def check() -> bool:
+        assert worker.running(), f"the faust worker died:\n{worker.tail()}"
+        return step_count(settings.tables_dir) >= count
+
+    return check
+
+
+def delta_event_ids(settings) -> list[str]:
+    from deltalake import DeltaTable
+
+    return DeltaTable(table_uri(settings.tables_dir, STEPS)).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
+
+
+def test_steps_land_exactly_once_across_a_worker_restart(flywheel):
+    settings, start_worker = flywheel
+    first = [e for n in range(30) for e in episode("c0", n)]
+    second = [e for n in range(30, 50) for e in episode("c0", n)]
+    produce(settings, first)
+    worker = start_worker()
+    wait_until(landed(settings, worker, len(first)), 120, what="first batch in Delta")
+    assert worker.stop() is not None
+    produce(settings, second)  # produced while no worker runs
+    worker = start_worker()
+    total = len(first) + len(second)
+    wait_until(landed(settings, worker, total), 120, what="second batch in Delta")
+    wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 50, 60, what="episodes in Delta")
+
+    ids = delta_event_ids(settings)
+    assert len(ids) == total
+    assert set(ids) == {e.event_id for e in first + second}
+    stats = episode_stats(settings.tables_dir)
+    assert stats["episodes"] == 50 and stats["success_rate"] == 1.0
+
+
+def test_malformed_events_go_to_dead_letters_and_the_stream_goes_on(flywheel):
+    settings, start_worker = flywheel
+    worker = start_worker()
+    good_before = episode("c1", 1)
+    bad_field = encode_event(step_event()).replace(b"\xa4step\x00", b"\xa4step\xa1x")  # step: "x"
+    oversize = step_event(screenshot=b"\0" * (settings.max_screenshot_bytes + 1))
+    good_after = episode("c1", 2, steps=1, reward=-1.0)
+    produce(settings, [*good_before, b"\xc1 definitely not msgpack", bad_field, oversize, *good_after])
+
+    wait_until(landed(settings, worker, 3), 120, what="good steps in Delta")
+    assert sorted(delta_event_ids(settings)) == sorted(e.event_id for e in good_before + good_after)
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap, consumer_timeout_ms=2000,
+                             auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
+    partition = TopicPartition(topics_for(settings).dead_letters.name, 0)
+    consumer.assign([partition])
+    letters = wait_until(lambda: list(consumer) or None, 60, what="dead letters")
+    while len(letters) < 3:
+        letters += list(consumer)
+    consumer.close()
+    reasons = {dict(r.headers)["reason"].decode(): r.value for r in letters}
+    assert reasons["undecodable"] == b"\xc1 definitely not msgpack"  # the original bytes, untouched
+    assert "invalid_field" in reasons and "oversize_screenshot" in reasons
+    detail = next(dict(r.headers)["detail"].decode() for r in letters if dict(r.headers)["reason"] == b"invalid_field")
+    assert "$.step" in detail
+
+    # the curated gold table references only the successful episode's steps
+    wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 2, 60, what="episodes")
+    import polars as pl
+
+    samples = pl.read_delta(table_uri(settings.tables_dir, TRAINING_SAMPLES))
+    assert samples.height == 2 and set(samples["purpose"]) == {"demo"}
