@@ -1,0 +1,57 @@
+"""Every entry point as a subprocess, with tiny sizes (CleanRL-style smoke runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def flywheel(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.browser
+def test_eval_expert_scores_one_on_a_tier1_task(tmp_path):
+    result = flywheel("eval", "--policy", "expert", "--tasks", "click-button", "--episodes", "5", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["model_version"] == "expert"
+    assert report["tasks"]["click-button"]["episodes"] == 5
+    assert report["tasks"]["click-button"]["success_rate"] == 1.0
+    assert report["mean_success_rate"] == 1.0
+
+
+def test_eval_rejects_an_unknown_model(tmp_path):
+    result = flywheel("eval", "--model", "no-such-version", "--tasks", "click-test", "--out", str(tmp_path),
+                      env={"FLYWHEEL_DATA_DIR": str(tmp_path)})  # fmt: skip
+    assert result.returncode != 0
+    assert "no-such-version" in result.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.browser
+def test_demo_smoke_two_turns(kafka_settings, tmp_path):
+    """Turn 1 experts -> SFT -> publish; turn 2 the fleet runs the published model; nothing lost."""
+    out = tmp_path / "demo"
+    result = flywheel("demo", "--turns", "2", "--clients", "1", "--tasks", "click-test,click-button",
+                      "--episodes-per-task", "4", "--sft-steps", "15", "--finetune-steps", "5", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    first, second = report["turns"]
+    assert first["model_version"] == "expert" and first["success_rate"] == 1.0
+    assert first["episodes"] == 8 and set(first["per_task"]) == {"click-test", "click-button"}
+    assert second["model_version"] == first["published_version"]  # the fleet ran what the learner published
+    assert second["published_version"] != first["published_version"]
+    for turn in report["turns"]:
+        assert turn["steps_in_delta"] == turn["steps_published"] > 0
+    assert "turn 2" in result.stdout  # progress is shown while it runs
