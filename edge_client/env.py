@@ -213,7 +213,9 @@ class GuiEnv:
         if name.startswith("flight."):
             raise ValueError("FlightWoB tasks are not supported")
         self._env.instance.switch_task(name)
+        # A browser restarted after a crash (_hard_reset_instance) must open this task, not the first one.
         self._env.subdomain = name
+        self._env.instance_kwargs["subdomain"] = name
         self.task = name
 
     def reset(self, seed: int | None = None, task: str | None = None) -> Observation:

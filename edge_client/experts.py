@@ -4,7 +4,9 @@ An expert reads `Observation.dom` (miniwob's DOMElement tree; boxes are CSS pixe
 screenshot pixels because the browser runs at device scale factor 1) and the instruction, and
 returns a Decision: a short thought in the words a model should learn to say, a click at the centre
 of the *visible* part of the target, and what should happen next. Experts keep no state between
-steps: every step re-reads the DOM, so a multi-step expert resumes correctly from any screen.
+steps: every step re-reads the DOM, so a multi-step expert resumes correctly from any screen. The one
+exception is choose-list, whose <select> state the DOM does not report; it follows a plan by step.
+Experts raise LookupError when the DOM does not hold what they need (a bug or a broken episode).
 
 Coordinates are rounded to whole pixels; thoughts quote them the same way.
 """
@@ -79,17 +81,20 @@ def _is_inside(el: DOMElement, ancestor: DOMElement) -> bool:
 # --- where to click ----------------------------------------------------------------------------
 
 
-def visible_point(target: DOMElement, root: DOMElement) -> tuple[int, int] | None:
+def visible_point(target: DOMElement, root: DOMElement, within: DOMElement | None = None) -> tuple[int, int] | None:
     """The pixel of `target` farthest from anything that may cover it and from its own edges, or
     None when nothing of it can be clicked.
 
     Covering candidates are elements painted after the target (later in document order) that are
     neither its ancestors nor its descendants and overlap its box. That is conservative: a later
     transparent element also counts. The box is clipped to the 160x210 task area, the only part a
-    click can reach.
+    click can reach, and to `within`, a scrolling container whose overflow is hidden.
     """
     x0, y0 = max(target.left, 0.0), max(target.top, 0.0)
     x1, y1 = min(target.right, float(TASK_WIDTH)), min(target.bottom, float(TASK_HEIGHT))
+    if within is not None:
+        x0, y0 = max(x0, within.left), max(y0, within.top)
+        x1, y1 = min(x1, within.right), min(y1, within.bottom)
     if x1 - x0 < 1 or y1 - y0 < 1:
         return None
     order = list(walk(root))
@@ -127,24 +132,26 @@ def visible_point(target: DOMElement, root: DOMElement) -> tuple[int, int] | Non
     return int(np.floor(gx[iy, ix])), int(np.floor(gy[iy, ix]))
 
 
-def click_point(target: DOMElement, root: DOMElement) -> tuple[int, int]:
-    point = visible_point(target, root)
+def click_point(target: DOMElement, root: DOMElement, within: DOMElement | None = None) -> tuple[int, int]:
+    point = visible_point(target, root, within)
     if point is None:
         raise LookupError(f"<{target.tag}> {text_of(target)!r} is covered or outside the task area")
     return point
 
 
-def click(target: DOMElement, root: DOMElement, thought: str, expected: str = EXPECT_SUCCESS) -> Decision:
+def click(
+    target: DOMElement, root: DOMElement, thought: str, expected: str = EXPECT_SUCCESS, within: DOMElement | None = None
+) -> Decision:
     """Click the visible centre of `target`; `thought` may use {x} and {y}."""
-    x, y = click_point(target, root)
+    x, y = click_point(target, root, within)
     action = Action(type="click", x=float(x), y=float(y))
     return Decision(thought=thought.format(x=x, y=y), action=action, expected=expected)
 
 
-def click_then(target: DOMElement, root: DOMElement, thought: str) -> Decision:
+def click_then(target: DOMElement, root: DOMElement, thought: str, within: DOMElement | None = None) -> Decision:
     """An intermediate click: the screen should change where we click."""
-    x, y = click_point(target, root)
-    return click(target, root, thought, expect_change_near(x, y))
+    x, y = click_point(target, root, within)
+    return click(target, root, thought, expect_change_near(x, y), within)
 
 
 def type_text(text: str, thought: str) -> Decision:
@@ -289,7 +296,9 @@ def solve_click_button_sequence(obs: Observation) -> Decision:
     one = find(obs.dom, lambda e: e.tag == "button" and text_of(e) == "ONE", "button ONE")
     two = find(obs.dom, lambda e: e.tag == "button" and text_of(e) == "TWO", "button TWO")
     if not one.tampered:
-        return click(one, obs.dom, "First button ONE, at ({x}, {y}).", "button ONE takes the click; nothing visible changes")
+        return click(
+            one, obs.dom, "First button ONE, at ({x}, {y}).", "button ONE takes the click; nothing visible changes"
+        )
     return click(two, obs.dom, "Button ONE is done; now button TWO, at ({x}, {y}).")
 
 
@@ -312,7 +321,9 @@ def solve_click_checkboxes(obs: Observation) -> Decision:
     for name, box in _labelled_inputs(obs.dom, "input_checkbox").items():
         if bool(box.value) != (name in wanted):
             verb = "tick" if name in wanted else "untick"
-            return click_then(box, obs.dom, f"The checkbox '{name}' needs to {verb}; it is at ({{x}}, {{y}}). Click it.")
+            return click_then(
+                box, obs.dom, f"The checkbox '{name}' needs to {verb}; it is at ({{x}}, {{y}}). Click it."
+            )
     return submit(obs.dom, why="Every checkbox is as asked. ")
 
 
@@ -340,21 +351,36 @@ def solve_click_collapsible(obs: Observation) -> Decision:
     # A collapsed section's content is display:none, so it is absent from the DOM until expanded.
     if not find_all(obs.dom, lambda e: has_class(e, "ui-accordion-content")):
         header = find(obs.dom, lambda e: e.tag == "h3", "the section header")
-        return click_then(header, obs.dom, f"The section '{text_of(header)}' is collapsed; click its header at ({{x}}, {{y}}).")
+        return click_then(
+            header, obs.dom, f"The section '{text_of(header)}' is collapsed; click its header at ({{x}}, {{y}})."
+        )
     return submit(obs.dom, why="The section is expanded. ")
 
 
 # click-widget names widgets by type; the DOM tag says which control each widget holds.
-_WIDGET_TAGS = {"radio": "input_radio", "checkbox": "input_checkbox", "text": "input_text", "textarea": "textarea",
-                "button": "button"}
+_WIDGET_TAGS = {
+    "radio": "input_radio",
+    "checkbox": "input_checkbox",
+    "text": "input_text",
+    "textarea": "textarea",
+    "button": "button",
+}
 
 
 def solve_click_widget(obs: Observation) -> Decision:
     kind = quoted(obs.instruction)[0]
     tag = _WIDGET_TAGS.get(kind)
-    control = find(obs.dom, lambda e: e.tag == tag and e.parent is not None and (
-        has_class(e.parent, "widget") or (e.parent.parent is not None and has_class(e.parent.parent, "widget"))
-    ), f"a {kind} widget")
+    control = find(
+        obs.dom,
+        lambda e: (
+            e.tag == tag
+            and e.parent is not None
+            and (
+                has_class(e.parent, "widget") or (e.parent.parent is not None and has_class(e.parent.parent, "widget"))
+            )
+        ),
+        f"a {kind} widget",
+    )
     return click(control, obs.dom, f"A {kind} widget is at ({{x}}, {{y}}). Click it.")
 
 
@@ -400,7 +426,9 @@ def solve_use_autocomplete(obs: Observation) -> Decision:
         return key_press("<Tab>", "The suggestions cover Submit; press Tab to leave the field and close them.")
     fits = [m for m in menu if text_of(m).startswith(prefix) and text_of(m).endswith(suffix)]
     if fits and visible_point(fits[0], obs.dom) is not None:
-        return click_then(fits[0], obs.dom, f"The suggestion '{text_of(fits[0])}' fits; it is at ({{x}}, {{y}}). Pick it.")
+        return click_then(
+            fits[0], obs.dom, f"The suggestion '{text_of(fits[0])}' fits; it is at ({{x}}, {{y}}). Pick it."
+        )
     if fits:
         # The fitting suggestion is below the task area: typing the rest of it is shorter than scrolling.
         item = text_of(fits[0])
@@ -427,13 +455,18 @@ def solve_grid_coordinate(obs: Observation) -> Decision:
 def solve_navigate_tree(obs: Observation) -> Decision:
     # Collapsed folders hide their children (absent from the DOM), so open folders until the name shows.
     name = quoted(obs.instruction)[0]
-    named = [e for e in find_all(obs.dom, lambda e: e.tag == "span" and text_of(e) == name)
-             if visible_point(e, obs.dom) is not None]
+    named = [
+        e
+        for e in find_all(obs.dom, lambda e: e.tag == "span" and text_of(e) == name)
+        if visible_point(e, obs.dom) is not None
+    ]
     if named:
         return click(named[0], obs.dom, f"'{name}' is visible at ({{x}}, {{y}}). Click it.")
     closed = find(obs.dom, lambda e: has_class(e, "expandable-hitarea"), f"a closed folder that may hold {name!r}")
     folder = find(closed.parent, lambda e: e.tag == "span", "the folder name")
-    return click_then(closed, obs.dom, f"'{name}' is not visible yet; open the folder '{text_of(folder)}' at ({{x}}, {{y}}).")
+    return click_then(
+        closed, obs.dom, f"'{name}' is not visible yet; open the folder '{text_of(folder)}' at ({{x}}, {{y}})."
+    )
 
 
 def solve_choose_list(obs: Observation) -> Decision:
@@ -463,8 +496,11 @@ def solve_enter_date(obs: Observation) -> Decision:
     if not field.focused:
         # Click the month segment at the left end; the right end opens the calendar instead.
         x, y = round(field.left + 10), round(field.top + field.height / 2)
-        return Decision(f"Click the month part of the date field at ({x}, {y}).", Action(type="click", x=x, y=y),
-                        expect_change_near(x, y))
+        return Decision(
+            f"Click the month part of the date field at ({x}, {y}).",
+            Action(type="click", x=x, y=y),
+            expect_change_near(x, y),
+        )
     return type_text(f"{month}{day}{year}", f"The date field is focused. Type {month}{day}{year}.")
 
 
@@ -488,6 +524,89 @@ def solve_search_engine(obs: Observation) -> Decision:
         return click_then(link, obs.dom, f"Result {rank} is on page {page}; click '{page}' at ({{x}}, {{y}}).")
     target = results[slot]
     return click(target, obs.dom, f"Result {rank} is '{text_of(target)}' at ({{x}}, {{y}}). Click it.")
+
+
+def scroll_down(container: DOMElement, thought: str, dy: float = 50.0) -> Decision:
+    x, y = round((container.left + container.right) / 2), round((container.top + container.bottom) / 2)
+    return Decision(thought, Action(type="scroll", x=x, y=y, scroll_dy=dy), EXPECT_CHANGE)
+
+
+_EMAIL_TASK = re.compile(
+    r"Find the email by (?P<sender>.+?) and (?:"
+    r'reply to them with the text "(?P<reply>.*)"'
+    r"|forward that email to (?P<forward>.+?)"
+    r"|click the trash icon to (?P<delete>delete) it"
+    r"|click the star icon to mark it as (?P<star>important))\.$"
+)
+
+
+def solve_email_inbox(obs: Observation) -> Decision:
+    """Open the sender's email (from the list, or through search when it is scrolled out of view),
+    then star / delete / reply / forward. The inbox, the search page and an open email are each a
+    150 px scrolling pane, so visibility is judged within the pane."""
+    task = _EMAIL_TASK.match(obs.instruction)
+    if not task:
+        raise LookupError(f"unexpected instruction {obs.instruction!r}")
+    sender, dom = task["sender"], obs.dom
+    icon = "trash" if task["delete"] else "star" if task["star"] else None  # one click on an icon does it
+
+    def first(root: DOMElement, pred: Callable[[DOMElement], bool]) -> DOMElement | None:
+        return next(iter(find_all(root, pred)), None)
+
+    def sender_of(thread: DOMElement) -> DOMElement:
+        return find(thread, lambda e: has_class(e, "email-sender"), "the sender")
+
+    reply_text = first(dom, lambda e: e.id == "reply-text")
+    if reply_text is not None:
+        send = find(dom, lambda e: e.id == "send-reply", "the send arrow")
+        thought = f"The reply says '{task['reply']}'. Send it with the arrow at ({{x}}, {{y}})."
+        return fill(reply_text, task["reply"], dom, "reply") or click(send, dom, thought)
+    forward_to = first(dom, lambda e: has_class(e, "forward-sender"))
+    if forward_to is not None:
+        send = find(dom, lambda e: e.id == "send-forward", "the send arrow")
+        thought = f"The email goes to {task['forward']}. Send it with the arrow at ({{x}}, {{y}})."
+        return fill(forward_to, task["forward"], dom, "recipient") or click(send, dom, thought)
+
+    email = first(dom, lambda e: e.id == "email")
+    if email is not None:
+        if icon is not None:
+            target = find(email, lambda e: has_class(e, icon), f"the {icon} icon")
+            thought = f"{sender}'s email is open. Click the {icon} icon at ({{x}}, {{y}})."
+            return click(target, dom, thought, within=email)
+        kind, what = ("email-reply", "Reply") if task["reply"] is not None else ("email-forward", "Forward")
+        target = find(email, lambda e: has_class(e, kind), f"the {what} button")
+        if visible_point(target, dom, email) is None:
+            return scroll_down(email, f"{sender}'s email is open; {what} is below. Scroll down.")
+        return click_then(target, dom, f"{sender}'s email is open. Click {what} at ({{x}}, {{y}}).", within=email)
+
+    inbox = first(dom, lambda e: e.id == "main")
+    if inbox is not None:
+        for thread in find_all(inbox, lambda e: has_class(e, "email-thread")):
+            if text_of(sender_of(thread)) != sender:
+                continue
+            if icon is not None:
+                target = find(thread, lambda e: has_class(e, icon), f"the {icon} icon")
+                thought = f"The email by {sender} is in the list. Click its {icon} icon at ({{x}}, {{y}})."
+                if visible_point(target, dom, inbox) is not None:
+                    return click(target, dom, thought, within=inbox)
+            elif visible_point(sender_of(thread), dom, inbox) is not None:
+                thought = f"The email by {sender} is at ({{x}}, {{y}}). Open it."
+                return click_then(sender_of(thread), dom, thought, within=inbox)
+        search_icon = find(dom, lambda e: e.id == "open-search", "the search icon")
+        return click_then(search_icon, dom, f"No email by {sender} in view. Open search at ({{x}}, {{y}}).")
+
+    pane = first(dom, lambda e: e.id == "search")
+    search_box = first(dom, lambda e: e.id == "search-input")
+    if pane is None or search_box is None:
+        raise LookupError("neither the inbox, the search page nor an email is showing")
+    step = fill(search_box, sender, dom, "search")
+    if step is not None:
+        return step
+    for thread in find_all(pane, lambda e: has_class(e, "email-thread")):
+        name = sender_of(thread)
+        if text_of(name) == sender and visible_point(name, dom, pane) is not None:
+            return click_then(name, dom, f"The search found {sender}'s email at ({{x}}, {{y}}). Open it.", within=pane)
+    return wait(f"Searching for {sender}; wait for the results.")
 
 
 # --- registry ----------------------------------------------------------------------------------
@@ -517,6 +636,7 @@ SOLVERS: dict[str, Solver] = {
     "choose-list": solve_choose_list,
     "enter-date": solve_enter_date,
     "search-engine": solve_search_engine,
+    "email-inbox": solve_email_inbox,
 }
 
 

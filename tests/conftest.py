@@ -24,7 +24,7 @@ def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
     FLYWHEEL_* variables point at it while the session runs, so processes started by tests use it too.
     """
     if shutil.which("java") is None:
-        pytest.skip("java is not installed: the Kafka broker needs Java 17+")
+        pytest.fail("java is not installed: the Kafka broker needs Java 17+ (ops/setup.sh installs it)")
     home = tmp_path_factory.mktemp("flywheel-home")
     settings = Settings(
         home=home,
@@ -49,7 +49,7 @@ def _link_shared_jars(settings: Settings) -> None:
     """Make the session home's libs dir a link to the machine-wide jar cache, filling that cache if needed."""
     shared = Settings(home=SHARED_HOME, kafka_version=settings.kafka_version)
     if shutil.which("mvn") is None and not (shared.kafka_dir / f"libs-{settings.kafka_version}").exists():
-        pytest.skip("Maven is not installed and the Kafka jars are not cached")
+        pytest.fail("Maven is not installed and the Kafka jars are not cached (ops/setup.sh installs it)")
     libs = broker.ensure_jars(shared)
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     (settings.kafka_dir / libs.name).symlink_to(libs, target_is_directory=True)

@@ -18,11 +18,34 @@ from edge_client.evaluate import evaluate, run_episode
 from edge_client.experts import UnsupportedTaskError, expert_for, supported_tasks, visible_point
 from schemas import Action
 
-TIER1 = ["click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-color", "focus-text",
-         "identify-shape"]
-TIER2 = ["click-button-sequence", "click-checkboxes", "click-option", "click-tab", "click-collapsible", "click-widget",
-         "enter-text", "enter-password", "login-user", "use-autocomplete", "grid-coordinate", "navigate-tree",
-         "choose-list", "enter-date", "search-engine"]
+TIER1 = [
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-link",
+    "click-dialog",
+    "click-color",
+    "focus-text",
+    "identify-shape",
+]
+TIER2 = [
+    "click-button-sequence",
+    "click-checkboxes",
+    "click-option",
+    "click-tab",
+    "click-collapsible",
+    "click-widget",
+    "enter-text",
+    "enter-password",
+    "login-user",
+    "use-autocomplete",
+    "grid-coordinate",
+    "navigate-tree",
+    "choose-list",
+    "enter-date",
+    "search-engine",
+    "email-inbox",
+]
 SEEDS = [101, 202, 303]  # away from 0..49, where the 50-episode measurement runs
 
 needs_browser = pytest.mark.skipif(
@@ -36,8 +59,7 @@ needs_browser = pytest.mark.skipif(
 
 def element(tag: str, box: tuple[float, float, float, float], children: list[dict] | None = None, **extra: Any) -> dict:
     left, top, width, height = box
-    raw = {"tag": tag, "left": left, "top": top, "width": width, "height": height, "ref": 0,
-           "children": children or []}
+    raw = {"tag": tag, "left": left, "top": top, "width": width, "height": height, "ref": 0, "children": children or []}
     raw.update(extra)
     return raw
 
@@ -79,7 +101,9 @@ def test_partly_covered_target_is_clicked_on_its_visible_part() -> None:
 
 
 def test_fully_covered_or_offscreen_target_has_no_visible_point() -> None:
-    root = tree(element("button", (0, 100, 40, 40)), element("div", (0, 90, 60, 60)), element("button", (0, 300, 40, 40)))
+    root = tree(
+        element("button", (0, 100, 40, 40)), element("div", (0, 90, 60, 60)), element("button", (0, 300, 40, 40))
+    )
     assert visible_point(root.children[0], root) is None
     assert visible_point(root.children[2], root) is None
 
@@ -164,8 +188,14 @@ def test_env_refuses_unknown_keys_as_a_wasted_step(env: GuiEnv) -> None:
 @pytest.mark.browser
 def test_evaluate_reports_per_task_and_mean(env: GuiEnv) -> None:
     seen: list[tuple[str, int]] = []
-    report = evaluate(expert_for, ["click-test", "miniwob/focus-text-v1"], episodes=2, seed=500,
-                      progress=lambda task, i, result: seen.append((task, i)), env=env)
+    report = evaluate(
+        expert_for,
+        ["click-test", "miniwob/focus-text-v1"],
+        episodes=2,
+        seed=500,
+        progress=lambda task, i, result: seen.append((task, i)),
+        env=env,
+    )
     assert report["model_version"] == "expert"
     assert set(report["tasks"]) == {"click-test", "focus-text"}
     for stats in report["tasks"].values():
