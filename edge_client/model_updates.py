@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from kafka import TopicPartition
 
@@ -13,6 +14,7 @@ from edge_client.policy import Policy
 from flywheel.kafka_clients import make_consumer
 from flywheel.registry import ModelRejected, fetch_verified
 from flywheel.settings import Settings
+from flywheel.signing import TrustedKeys
 from schemas import EventDecodeError, ModelVersionEvent, decode_event
 from streams.topics import topics_for
 
@@ -51,9 +53,16 @@ class ModelVersionWatcher:
 class ModelSwapper:
     """Holds the policy in use; `maybe_swap` is called between episodes."""
 
-    def __init__(self, watcher: ModelVersionWatcher, load: Callable[[str, str], Policy], current: Policy | None = None):
+    def __init__(
+        self,
+        watcher: ModelVersionWatcher,
+        load: Callable[[str, str], Policy],
+        trusted_dir: Path | None,
+        current: Policy | None = None,
+    ):
         self.watcher = watcher
         self.load = load  # (local artifact path, version) -> Policy
+        self.trusted_dir = trusted_dir  # None: accept unsigned models (settings.require_signed_models off)
         self.current = current
         self.rejected: set[str] = set()
 
@@ -64,6 +73,8 @@ class ModelSwapper:
         if self.current is not None and latest.version == self.current.version:
             return self.current
         try:
+            if self.trusted_dir is not None:
+                TrustedKeys(self.trusted_dir).verify(latest)  # read anew: keys may be added while running
             path = fetch_verified(latest.artifact_uri, latest.sha256)
             policy = self.load(str(path), latest.version)
         except (ModelRejected, OSError, RuntimeError) as error:

@@ -175,6 +175,7 @@ def _policy_source(config: EdgeConfig, settings: Settings):
     swapper = ModelSwapper(
         ModelVersionWatcher(settings, config.client_id, config.channel),
         lambda path, version: OnnxPolicy(path, version, intra_op_threads=config.intra_op_threads),
+        settings.keys_dir / "trusted" if settings.require_signed_models else None,
     )
     deadline = time.monotonic() + config.wait_for_model_s
     while swapper.maybe_swap(timeout_ms=500) is None:

@@ -46,6 +46,7 @@ def write_manifest(event: ModelVersionEvent, artifacts_dir: Path, extra: dict | 
         "artifact_uri": event.artifact_uri,
         "sha256": event.sha256,
         "lineage": event.lineage,
+        "signature": event.signature,
         "produced_at": event.produced_at,
         **(extra or {}),
     }

@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     max_screenshot_bytes: int = Field(512 * 1024, description="A step with a larger screenshot is dead-lettered.")
     metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
 
+    require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
+
+    @property
+    def keys_dir(self) -> Path:
+        """The learner's signing key; `trusted/` holds the public keys clients accept."""
+        return self.home / "keys"
+
     @property
     def kafka_dir(self) -> Path:
         return self.home / "kafka"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
+
 from flywheel.kafka_clients import make_producer
 from flywheel.registry import store_artifact, write_manifest
 from flywheel.settings import Settings
+from flywheel.signing import load_or_create_key, sign
 from learner.export import export_onnx
 from learner.model import PixelPolicy
 from schemas import ModelVersionEvent, encode_event, new_event_id
@@ -44,6 +47,7 @@ def publish_model(
         channel=channel,
         lineage=lineage,
     )
+    event = msgspec.structs.replace(event, signature=sign(event, load_or_create_key(settings.keys_dir)))
     write_manifest(event, settings.artifacts_dir, {"model_config": model.cfg.__dict__, **(extra_manifest or {})})
     producer = make_producer(settings, "learner")
     try:
