@@ -48,7 +48,8 @@ class Child:
         return self.proc.returncode
 
     def tail(self, lines: int = 30) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 

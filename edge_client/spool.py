@@ -1,0 +1,198 @@
+"""Write-ahead spool of an edge client: every event goes to local disk first, and a background
+thread sends the spool to Kafka in order. While Kafka is unreachable the client keeps acting and
+the spool grows (bounded); when Kafka is back the drain catches up, oldest first.
+
+File format of `spool.log`: records of [u32 topic length][u32 key length][u32 value length]
+[topic][key][value]. `cursor` holds the byte offset of the first record not yet acknowledged by
+Kafka. When the drain reaches the end, both are reset, so the file stays small in normal operation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kafka.errors import KafkaError
+
+log = logging.getLogger(__name__)
+HEADER = struct.Struct(">III")
+
+
+class SpoolFull(RuntimeError):
+    """The spool reached its bound: the client must stop acting; nothing spooled is dropped."""
+
+
+@dataclass(frozen=True)
+class SpooledRecord:
+    end: int  # byte offset just after this record
+    topic: str
+    key: bytes
+    value: bytes
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int):
+        self.directory = directory
+        self.max_bytes = max_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log_path = directory / "spool.log"
+        self.cursor_path = directory / "cursor"
+        self.lock = threading.Lock()
+        self._writer = open(self.log_path, "ab")
+        self.cursor = int(self.cursor_path.read_text()) if self.cursor_path.exists() else 0
+        self.pending_records = sum(1 for _ in self._read(self.cursor, None))  # left by an earlier run
+
+    def size(self) -> int:
+        return self._writer.tell()
+
+    def append(self, topic: str, key: bytes, value: bytes) -> None:
+        encoded = topic.encode()
+        record = HEADER.pack(len(encoded), len(key), len(value)) + encoded + key + value
+        with self.lock:
+            if self.size() - self.cursor + len(record) > self.max_bytes:
+                raise SpoolFull(
+                    f"edge spool {self.directory} holds {self.size() - self.cursor} unsent bytes and the next event "
+                    f"needs {len(record)}; bound is {self.max_bytes} (FLYWHEEL_EDGE_SPOOL_MAX_BYTES). Kafka has been "
+                    f"unreachable too long; the {self.pending_records} spooled events are kept and sent on restart."
+                )
+            self._writer.write(record)
+            self._writer.flush()  # in the OS page cache: survives the process, not a power cut
+            self.pending_records += 1
+
+    def pending(self, limit: int) -> list[SpooledRecord]:
+        with self.lock:
+            end = self.size()
+        return list(self._read(self.cursor, limit, end))
+
+    def advance(self, offset: int, records: int) -> None:
+        """Everything before `offset` is acknowledged by Kafka."""
+        with self.lock:
+            self.pending_records -= records
+            if offset >= self.size():  # drained: start the file afresh
+                self._writer.truncate(0)
+                self._writer.seek(0)
+                offset = 0
+            self.cursor = offset
+            tmp = self.cursor_path.with_suffix(".tmp")
+            tmp.write_text(str(offset))
+            os.replace(tmp, self.cursor_path)
+
+    def _read(self, start: int, limit: int | None, end: int | None = None):
+        with open(self.log_path, "rb") as reader:
+            reader.seek(start)
+            count = 0
+            while limit is None or count < limit:
+                header = reader.read(HEADER.size)
+                if len(header) < HEADER.size:
+                    return
+                topic_len, key_len, value_len = HEADER.unpack(header)
+                body = reader.read(topic_len + key_len + value_len)
+                if len(body) < topic_len + key_len + value_len or (end is not None and reader.tell() > end):
+                    return  # a record still being written
+                topic = body[:topic_len].decode()
+                yield SpooledRecord(
+                    reader.tell(), topic, body[topic_len : topic_len + key_len], body[topic_len + key_len :]
+                )
+                count += 1
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class SpoolingPublisher:
+    """`publish` never blocks on Kafka: it appends to the spool and wakes the drain thread."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        make_producer: Callable[[], object],
+        on_delivered: Callable[[SpooledRecord], None] = lambda record: None,
+        batch: int = 200,
+        send_timeout_s: float = 5.0,
+        max_backoff_s: float = 10.0,
+    ):
+        self.spool = spool
+        self.make_producer = make_producer
+        self.on_delivered = on_delivered
+        self.batch = batch
+        self.send_timeout_s = send_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.online = True
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._producer = None
+        self._thread = threading.Thread(target=self._drain_forever, name="spool-drain", daemon=True)
+        self._thread.start()
+
+    def publish(self, topic: str, key: bytes, value: bytes) -> None:
+        self.spool.append(topic, key, value)
+        self._wake.set()
+
+    def depth(self) -> int:
+        return self.spool.pending_records
+
+    def close(self, timeout_s: float = 60.0) -> int:
+        """Wait up to `timeout_s` for the spool to drain; return how many events are still spooled."""
+        deadline = time.monotonic() + timeout_s
+        while self.depth() and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.05)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=self.send_timeout_s + 5)
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+        self.spool.close()
+        return self.depth()
+
+    def _drain_forever(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            while self.depth() and not self._stop.is_set():
+                if self._send_batch():
+                    backoff = 0.5
+                    continue
+                self._stop.wait(backoff)  # Kafka unreachable: try again later, the client keeps acting
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+    def _send_batch(self) -> bool:
+        records = self.spool.pending(self.batch)
+        if not records:
+            return True
+        try:
+            if self._producer is None:
+                self._producer = self.make_producer()
+            futures = [self._producer.send(r.topic, key=r.key, value=r.value) for r in records]
+            self._producer.flush(timeout=self.send_timeout_s)
+            for future in futures:
+                future.get(timeout=0)
+        except (KafkaError, AssertionError) as error:
+            if self.online:
+                log.warning("kafka unreachable (%s); spooling to %s", type(error).__name__, self.spool.directory)
+            self.online = False
+            self._abandon_producer()
+            return False
+        if not self.online:
+            log.warning("kafka reachable again; spool drained to %d events", self.depth() - len(records))
+        self.online = True
+        self.spool.advance(records[-1].end, len(records))
+        for record in records:
+            self.on_delivered(record)
+        return True
+
+    def _abandon_producer(self) -> None:
+        """Drop in-flight sends, so the retry from the spool is the only copy that gets through."""
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:  # closing a producer whose broker is gone may raise anything
+                pass
+            self._producer = None
