@@ -22,18 +22,22 @@ log = logging.getLogger(__name__)
 
 
 class ModelVersionWatcher:
-    """Tracks the newest ModelVersionEvent on one channel (the topic is compacted by channel)."""
+    """Tracks the newest ModelVersionEvent of each channel (the topic is compacted by channel).
+
+    A canary client runs the canary channel's version when there is one, else stable's; a stable
+    client runs stable's only.
+    """
 
     def __init__(self, settings: Settings, client_id: str, channel: str = "stable"):
         self.channel = channel
-        self.latest: ModelVersionEvent | None = None
+        self.by_channel: dict[str, ModelVersionEvent] = {}
         self._consumer = make_consumer(settings, f"{client_id}-models", consumer_timeout_ms=200)
         partition = TopicPartition(topics_for(settings).model_versions.name, 0)
         self._consumer.assign([partition])
         self._consumer.seek_to_beginning(partition)
 
     def poll(self, timeout_ms: int = 0) -> ModelVersionEvent | None:
-        """Read what has arrived; return the newest version seen on this channel so far."""
+        """Read what has arrived; return the version this client should run now."""
         batches = self._consumer.poll(timeout_ms=timeout_ms)
         for records in batches.values():
             for record in records:
@@ -42,9 +46,10 @@ class ModelVersionWatcher:
                 except EventDecodeError as error:
                     log.warning("ignoring malformed model version event at offset %d: %s", record.offset, error)
                     continue
-                if event.channel == self.channel:
-                    self.latest = event
-        return self.latest
+                self.by_channel[event.channel] = event
+        if self.channel == "canary" and "canary" in self.by_channel:
+            return self.by_channel["canary"]
+        return self.by_channel.get("stable")
 
     def close(self) -> None:
         self._consumer.close()

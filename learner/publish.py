@@ -1,4 +1,8 @@
-"""Publishing a trained model: ONNX export, content-addressed store, manifest, ModelVersionEvent."""
+"""Publishing a trained model: ONNX export, content-addressed store, signed manifest, ModelVersionEvent.
+
+With a canary stage configured (settings.canary_fraction > 0) every version after the first goes to
+the canary channel; flywheel.canary promotes or rolls it back.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 
+from flywheel.canary import latest_by_channel
 from flywheel.kafka_clients import make_producer
 from flywheel.registry import store_artifact, write_manifest
 from flywheel.settings import Settings
@@ -32,8 +37,8 @@ def publish_model(
     lineage: dict[str, int],
     work_dir: Path,
     extra_manifest: dict | None = None,
-    channel: str = "stable",
 ) -> ModelVersionEvent:
+    channel = "canary" if settings.canary_fraction > 0 and "stable" in latest_by_channel(settings) else "stable"
     exported = export_onnx(model, work_dir / "model.onnx")
     uri, digest = store_artifact(exported.path, settings.artifacts_dir)
     event = ModelVersionEvent(

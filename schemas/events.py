@@ -101,9 +101,32 @@ class ModelVersionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="mode
     schema_version: int = 1
 
 
-Event = StepEvent | EpisodeEvent | ModelVersionEvent
-CURRENT_VERSION: dict[str, int] = {"step": 1, "episode": 1, "model_version": 1}
-_TYPES: dict[str, type] = {"step": StepEvent, "episode": EpisodeEvent, "model_version": ModelVersionEvent}
+class RolloutDecisionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="rollout_decision"):
+    """A canary verdict: promote the canary version to stable, or roll the canary channel back."""
+
+    event_id: str
+    produced_at: float
+    decision: str  # "promote" | "rollback"
+    canary_version: str
+    stable_version: str
+    canary_success: float
+    canary_episodes: int
+    stable_success: float
+    stable_episodes: int
+    margin: float
+    reason: str
+    client_id: str = "canary-controller"
+    schema_version: int = 1
+
+
+Event = StepEvent | EpisodeEvent | ModelVersionEvent | RolloutDecisionEvent
+CURRENT_VERSION: dict[str, int] = {"step": 1, "episode": 1, "model_version": 1, "rollout_decision": 1}
+_TYPES: dict[str, type] = {
+    "step": StepEvent,
+    "episode": EpisodeEvent,
+    "model_version": ModelVersionEvent,
+    "rollout_decision": RolloutDecisionEvent,
+}
 
 # (kind, version) -> function turning a decoded dict of that version into the next version's dict.
 UPCASTERS: dict[tuple[str, int], Any] = {}

@@ -20,9 +20,10 @@ class Topics:
     episodes: TopicSpec  # scored EpisodeEvent, keyed by episode_id
     model_versions: TopicSpec  # ModelVersionEvent, compacted, keyed by channel
     dead_letters: TopicSpec  # original bytes + reason in headers
+    rollout_decisions: TopicSpec  # RolloutDecisionEvent: every canary promotion and rollback
 
     def all(self) -> list[TopicSpec]:
-        return [self.steps, self.episodes, self.model_versions, self.dead_letters]
+        return [self.steps, self.episodes, self.model_versions, self.dead_letters, self.rollout_decisions]
 
 
 def topics_for(settings: Settings) -> Topics:
@@ -33,4 +34,5 @@ def topics_for(settings: Settings) -> Topics:
         episodes=TopicSpec(f"{prefix}.episodes", settings.topic_partitions, retention),
         model_versions=TopicSpec(f"{prefix}.model_versions", 1, {"cleanup.policy": "compact"}),
         dead_letters=TopicSpec(f"{prefix}.dead_letters", 1, retention),
+        rollout_decisions=TopicSpec(f"{prefix}.rollout_decisions", 1, {}),
     )

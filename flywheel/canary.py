@@ -1,0 +1,150 @@
+"""Canary rollout: a new model version first reaches a fraction of the fleet; it is promoted to
+stable if its live success is not worse than stable's by more than a margin over enough episodes,
+and rolled back otherwise. Every verdict is a RolloutDecisionEvent.
+
+Channels live on the compacted model-versions topic (one key per channel). Promotion republishes
+the canary's signed manifest on "stable"; rollback republishes stable's on "canary", so canary
+clients return to the stable model at their next episode boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import polars as pl
+from kafka import TopicPartition
+
+from flywheel.kafka_clients import make_consumer, make_producer
+from flywheel.settings import Settings
+from processors.tables import EPISODES, table_uri
+from schemas import (
+    EventDecodeError,
+    ModelVersionEvent,
+    RolloutDecisionEvent,
+    decode_event,
+    encode_event,
+    new_event_id,
+)
+from streams.topics import topics_for
+
+
+def channel_for(client_id: str, canary_fraction: float) -> str:
+    """A stable hash of the client id puts the same clients in the canary every time."""
+    bucket = int(hashlib.sha256(client_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "canary" if bucket < canary_fraction else "stable"
+
+
+@dataclass(frozen=True)
+class LiveSuccess:
+    episodes: int
+    successes: int
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+
+def decide(canary: LiveSuccess, stable: LiveSuccess, margin: float, min_episodes: int) -> tuple[str, str] | None:
+    """("promote" | "rollback", why), or None while either side has fewer than `min_episodes`."""
+    if canary.episodes < min_episodes or stable.episodes < min_episodes:
+        return None
+    comparison = f"canary {canary.rate:.3f} over {canary.episodes} vs stable {stable.rate:.3f} over {stable.episodes}"
+    if canary.rate >= stable.rate - margin:
+        return "promote", f"{comparison}: within margin {margin}"
+    return "rollback", f"{comparison}: worse by more than {margin}"
+
+
+def latest_by_channel(settings: Settings) -> dict[str, ModelVersionEvent]:
+    """The newest ModelVersionEvent of each channel, read from the start of the compacted topic."""
+    consumer = make_consumer(settings, "canary-reader", consumer_timeout_ms=1000)
+    partition = TopicPartition(topics_for(settings).model_versions.name, 0)
+    consumer.assign([partition])
+    end = consumer.end_offsets([partition])[partition]
+    consumer.seek_to_beginning(partition)
+    latest: dict[str, ModelVersionEvent] = {}
+    while consumer.position(partition) < end:
+        for records in consumer.poll(timeout_ms=1000).values():
+            for record in records:
+                try:
+                    event = decode_event(record.value, expect=ModelVersionEvent)
+                except EventDecodeError:
+                    continue
+                latest[event.channel] = event
+    consumer.close()
+    return latest
+
+
+def live_success(tables_dir: Path) -> dict[str, LiveSuccess]:
+    """Episodes and successes per model_version in the `episodes` table."""
+    uri = table_uri(tables_dir, EPISODES)
+    if not (Path(uri) / "_delta_log").is_dir():
+        return {}
+    frame = (
+        pl.scan_delta(uri)
+        .group_by("model_version")
+        .agg(pl.len().alias("episodes"), pl.col("success").sum().alias("successes"))
+        .collect()
+    )
+    return {row["model_version"]: LiveSuccess(row["episodes"], row["successes"]) for row in frame.iter_rows(named=True)}
+
+
+def publish_channel(settings: Settings, event: ModelVersionEvent, channel: str) -> None:
+    """Put a (signed) manifest on a channel; the signature does not cover the channel."""
+    moved = msgspec.structs.replace(event, channel=channel, event_id=new_event_id(), produced_at=time.time())
+    producer = make_producer(settings, "canary-controller")
+    try:
+        producer.send(topics_for(settings).model_versions.name, key=channel.encode(), value=encode_event(moved)).get(30)
+    finally:
+        producer.close()
+
+
+def review_canary(settings: Settings) -> RolloutDecisionEvent | None:
+    """One review: decide on the current canary if there is enough evidence, and act on it."""
+    channels = latest_by_channel(settings)
+    canary, stable = channels.get("canary"), channels.get("stable")
+    if canary is None or stable is None or canary.version == stable.version:
+        return None
+    success = live_success(settings.tables_dir)
+    canary_live = success.get(canary.version, LiveSuccess(0, 0))
+    stable_live = success.get(stable.version, LiveSuccess(0, 0))
+    verdict = decide(canary_live, stable_live, settings.canary_margin, settings.canary_min_episodes)
+    if verdict is None:
+        return None
+    decision, reason = verdict
+    event = RolloutDecisionEvent(
+        event_id=new_event_id(),
+        produced_at=time.time(),
+        decision=decision,
+        canary_version=canary.version,
+        stable_version=stable.version,
+        canary_success=canary_live.rate,
+        canary_episodes=canary_live.episodes,
+        stable_success=stable_live.rate,
+        stable_episodes=stable_live.episodes,
+        margin=settings.canary_margin,
+        reason=reason,
+    )
+    producer = make_producer(settings, "canary-controller")
+    try:
+        producer.send(topics_for(settings).rollout_decisions.name, value=encode_event(event)).get(30)
+    finally:
+        producer.close()
+    if decision == "promote":
+        publish_channel(settings, canary, "stable")
+    else:
+        publish_channel(settings, stable, "canary")
+    return event
+
+
+def run_canary_controller(settings: Settings, interval_s: float = 10.0, once: bool = False) -> None:
+    while True:
+        decision = review_canary(settings)
+        if decision is not None:
+            print(f"{decision.decision} {decision.canary_version}: {decision.reason}", flush=True)
+        if once:
+            return
+        time.sleep(interval_s)
