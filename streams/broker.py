@@ -3,12 +3,18 @@
 Everything lives under `settings.kafka_dir`: `libs-<version>/` (the jars), `server.properties`, `data/`,
 `broker.log` (the JVM's stdout/stderr) and `broker.pid`. The broker outlives the Python process that started
 it; `down` stops it again.
+
+Security: the client listener binds `settings.listen_host` (127.0.0.1 by default), the controller listener always
+127.0.0.1. With `security_protocol=SASL_PLAINTEXT` the client listener requires SASL (SCRAM-SHA-256/512, or PLAIN):
+the SCRAM user is written into the metadata log when the storage is formatted (salted, so the password is on no
+command line), and the broker's own inter-broker login sits in `server.properties`, which is then mode 0600.
 """
 
 from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -22,7 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kafka import KafkaAdminClient
+from pydantic import SecretStr
 
+from flywheel.kafka_clients import make_admin
 from flywheel.settings import Settings
 from streams.topics import topics_for
 
@@ -30,6 +38,8 @@ OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"
 POM = OPS_DIR / "pom.xml"
 LOG4J2_CONFIG = OPS_DIR / "log4j2.properties"
 TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code: another client created the topic first
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SCRAM_ITERATIONS = 8192
 
 
 class BrokerError(RuntimeError):
@@ -92,6 +102,7 @@ def up(settings: Settings, timeout: float = 90.0) -> int:
     """
     pid = _running_pid(settings)
     if pid is None:
+        _refuse_unsupported_security(settings)
         _refuse_busy_ports(settings)
         pid = _start(settings)
     _await_ready(settings, pid, timeout)  # at once when it already runs
@@ -104,6 +115,8 @@ def _start(settings: Settings) -> int:
     props = _write_server_properties(settings)
     if not (settings.kafka_dir / "data" / "meta.properties").exists():
         _format_storage(settings, libs, props)
+    elif settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS:
+        _refuse_unknown_scram_user(settings)
     pid = _spawn_detached(_java(settings, libs) + ["kafka.Kafka", str(props)], _log_path(settings))
     _pid_path(settings).write_text(f"{pid}\n")
     return pid
@@ -125,7 +138,7 @@ def status(settings: Settings) -> dict:
     pid = None if settings.uses_external_kafka else _running_pid(settings)
     topics = None
     if any(_answers_api_versions(server) for server in settings.bootstrap.split(",")):
-        with _admin(settings.bootstrap) as admin:
+        with _admin(settings) as admin:
             topics = sorted(admin.list_topics())
     return {
         "running": pid is not None or topics is not None,
@@ -157,7 +170,7 @@ def running_broker(settings: Settings) -> Iterator[Settings]:
 def ensure_topics(settings: Settings) -> list[str]:
     """Create every flywheel topic that is missing (on `settings.bootstrap`) and return the names created."""
     specs = topics_for(settings).all()
-    with _admin(settings.bootstrap) as admin:
+    with _admin(settings) as admin:
         existing = set(admin.list_topics())
         missing = [spec for spec in specs if spec.name not in existing]
         if missing:
@@ -175,13 +188,8 @@ def ensure_topics(settings: Settings) -> list[str]:
 
 
 @contextmanager
-def _admin(bootstrap: str) -> Iterator[KafkaAdminClient]:
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="flywheel-broker-ctl",
-        bootstrap_timeout_ms=10_000,
-        request_timeout_ms=30_000,
-    )
+def _admin(settings: Settings) -> Iterator[KafkaAdminClient]:
+    admin = make_admin(settings, "flywheel-broker-ctl", bootstrap_timeout_ms=10_000, request_timeout_ms=30_000)
     try:
         yield admin
     finally:
@@ -193,16 +201,21 @@ def _admin(bootstrap: str) -> Iterator[KafkaAdminClient]:
 
 def _server_properties(settings: Settings) -> dict[str, str | int]:
     port = settings.kafka_port
+    client = "SASL_PLAINTEXT" if settings.uses_sasl else "PLAINTEXT"  # listener name = its security protocol
+    bind = _url_host(settings.listen_host)
+    advertised = bind if settings.listen_host not in ("", "0.0.0.0", "::") else _url_host(socket.getfqdn())
     return {
         "process.roles": "broker,controller",
         "node.id": 1,
         # Static quorum: storage is formatted without --standalone and the port may change between starts.
         "controller.quorum.voters": f"1@127.0.0.1:{port + 1}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{port + 1}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name": "PLAINTEXT",
+        # The controller listener is for this node alone: plaintext, but on loopback whatever listen_host says.
+        "listeners": f"{client}://{bind}:{port},CONTROLLER://127.0.0.1:{port + 1}",
+        "advertised.listeners": f"{client}://{advertised}:{port}",
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": client,
         "controller.listener.names": "CONTROLLER",
+        **(_sasl_properties(settings, client) if settings.uses_sasl else {}),
         "log.dirs": str(settings.kafka_dir / "data"),
         # One node: internal topics cannot have more than one replica. Their default 50 partitions each only
         # cost startup time and file handles here.
@@ -226,20 +239,120 @@ def _server_properties(settings: Settings) -> dict[str, str | int]:
     }
 
 
+def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
+    """SASL on the client listener; the broker logs in to itself (inter-broker) as settings.sasl_username.
+
+    The JAAS config is a password-type config: Kafka prints it as [hidden]. The file holding it is mode 0600.
+    """
+    user, password = _checked_username(settings.sasl_username), settings.sasl_password.get_secret_value()
+    login = f'username="{_jaas_quote(user)}" password="{_jaas_quote(password)}"'
+    if settings.sasl_mechanism == "PLAIN":
+        # PLAIN checks passwords against the user_<name> entries of the broker's own JAAS config.
+        mechanisms = {"PLAIN": f"org.apache.kafka.common.security.plain.PlainLoginModule required {login} "
+                               f'user_{user}="{_jaas_quote(password)}";'}  # fmt: skip
+    else:
+        # SCRAM checks against the credentials in the metadata log (written by _format_storage).
+        login_module = f"org.apache.kafka.common.security.scram.ScramLoginModule required {login};"
+        mechanisms = dict.fromkeys(SCRAM_MECHANISMS, login_module)
+    prefix = f"listener.name.{listener.lower()}"
+    return {
+        "sasl.enabled.mechanisms": ",".join(mechanisms),
+        "sasl.mechanism.inter.broker.protocol": settings.sasl_mechanism,
+        **{f"{prefix}.{mechanism.lower()}.sasl.jaas.config": jaas for mechanism, jaas in mechanisms.items()},
+    }
+
+
 def _write_server_properties(settings: Settings) -> Path:
     # Rewritten on every start so changed settings (port, paths) take effect; the data dir keeps the state.
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     path = settings.kafka_dir / "server.properties"
-    lines = [f"{key}={value}" for key, value in _server_properties(settings).items()]
-    path.write_text("# Written by streams/broker.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n")
+    lines = [f"{key}={_properties_escape(str(value))}" for key, value in _server_properties(settings).items()]
+    text = "# Written by streams/broker.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n"
+    # 0600: with SASL the file holds the broker's login. fchmod too, for a file left by an older version.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:  # _properties_escape leaves ASCII only
+        os.fchmod(fd, 0o600)
+        handle.write(text)
     return path
 
 
 def _format_storage(settings: Settings, libs: Path, props: Path) -> None:
     cmd = _java(settings, libs) + ["kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)]
+    scram = settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS
+    if scram:
+        for mechanism in SCRAM_MECHANISMS:  # both, so clients may pick either
+            cmd += ["--add-scram", _scram_credential(mechanism, settings.sasl_username, settings.sasl_password)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=settings.kafka_dir)
     if done.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed:\n{_tail(done.stdout + done.stderr)}")
+    if scram:
+        _scram_users_path(settings).write_text(f"{settings.sasl_username}\n")
+
+
+def _scram_credential(mechanism: str, user: str, password: SecretStr) -> str:
+    """StorageTool's --add-scram value in its salted form: the password itself never reaches a command line.
+
+    SCRAM's SaltedPassword = Hi(password, salt, i) = PBKDF2-HMAC-<hash>(UTF-8 password, salt, i) (RFC 5802), what
+    Kafka's ScramFormatter computes from a plain `password=`.
+    """
+    digest = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+    salt = os.urandom(32)
+    salted = hashlib.pbkdf2_hmac(digest, password.get_secret_value().encode(), salt, SCRAM_ITERATIONS)
+    b64 = base64.b64encode
+    return (
+        f'{mechanism}=[name={_checked_username(user)},iterations={SCRAM_ITERATIONS},salt="{b64(salt).decode()}",'
+        f'saltedpassword="{b64(salted).decode()}"]'
+    )
+
+
+def _refuse_unknown_scram_user(settings: Settings) -> None:
+    """SCRAM users are created only when the storage is formatted: an older storage may not know this one."""
+    path = _scram_users_path(settings)
+    users = path.read_text().split() if path.exists() else []
+    if settings.sasl_username not in users:
+        raise BrokerError(
+            f"the broker storage in {settings.kafka_dir / 'data'} was formatted without SCRAM user "
+            f"{settings.sasl_username!r}; remove that directory (its topics are lost) to format it again with SCRAM"
+        )
+
+
+def _refuse_unsupported_security(settings: Settings) -> None:
+    if settings.uses_ssl:
+        raise BrokerError(
+            f"the local broker serves PLAINTEXT or SASL_PLAINTEXT, not {settings.security_protocol}: "
+            "set FLYWHEEL_BOOTSTRAP_SERVERS to a cluster with TLS listeners"
+        )
+
+
+def _checked_username(user: str) -> str:
+    # Plain names only: they go unquoted into --add-scram and into the PLAIN module's user_<name> option.
+    if not user or not all(c.isalnum() or c in "._-@" for c in user):
+        raise BrokerError(f"SASL username {user!r}: the local broker accepts letters, digits and ._-@ only")
+    return user
+
+
+def _jaas_quote(value: str) -> str:
+    """A value for inside double quotes in a JAAS config (Kafka parses it with java.io.StreamTokenizer)."""
+    if any(c in value for c in "\r\n\0"):
+        raise BrokerError("SASL username and password must not contain line breaks or NUL")
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _properties_escape(value: str) -> str:
+    """A java.util.Properties value: backslashes doubled, leading blanks kept, non-ASCII as \\uXXXX."""
+    out = value.replace("\\", "\\\\")
+    if out.startswith(" "):
+        out = "\\" + out
+    return "".join(c if 32 <= ord(c) < 127 else _u_escape(c) for c in out)
+
+
+def _u_escape(char: str) -> str:
+    units = char.encode("utf-16-be")
+    return "".join(f"\\u{units[i : i + 2].hex()}" for i in range(0, len(units), 2))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _cluster_id() -> str:
@@ -342,9 +455,10 @@ def _wait_gone(settings: Settings, pid: int, timeout: float) -> bool:
 
 
 def _refuse_busy_ports(settings: Settings) -> None:
-    for port in (settings.kafka_port, settings.kafka_port + 1):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+    client_host = settings.local_bootstrap.rpartition(":")[0].strip("[]")
+    for host, port in ((client_host, settings.kafka_port), ("127.0.0.1", settings.kafka_port + 1)):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            if sock.connect_ex((host, port)) == 0:
                 raise BrokerError(f"port {port} is already in use by another process; set FLYWHEEL_KAFKA_PORT")
 
 
@@ -355,6 +469,7 @@ def _answers_api_versions(server: str, timeout: float = 2.0) -> bool:
     unfenced, so an answer means it is ready. A bare socket keeps this poll cheap and free of client threads.
     """
     host, _, port = server.strip().rpartition(":")
+    host = host.strip("[]")
     client_id = b"flywheel"
     # Request header v1 (api_key 18 = ApiVersions, version 0, correlation id, client id); v0 has no body.
     request = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
@@ -375,6 +490,10 @@ def _answers_api_versions(server: str, timeout: float = 2.0) -> bool:
 
 def _pid_path(settings: Settings) -> Path:
     return settings.kafka_dir / "broker.pid"
+
+
+def _scram_users_path(settings: Settings) -> Path:
+    return settings.kafka_dir / "scram-users"  # names only: which SCRAM users the storage was formatted with
 
 
 def _log_path(settings: Settings) -> Path:

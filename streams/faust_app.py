@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
 
+from flywheel.kafka_clients import hide_secret_in_logs, ssl_context
 from flywheel.settings import Settings
 from streams.topics import topics_for
 
@@ -11,6 +14,25 @@ from streams.topics import topics_for
 def broker_url(bootstrap: str) -> str:
     """'h1:9092,h2:9092' -> 'kafka://h1:9092;kafka://h2:9092' (faust's multi-broker form)."""
     return ";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip())
+
+
+def auth_options(settings: Settings) -> dict[str, Any]:
+    """faust.App keyword arguments for settings.security_protocol: the same security as flywheel.kafka_clients."""
+    context = ssl_context(settings)
+    if settings.uses_sasl:
+        hide_secret_in_logs(settings)
+        # faust turns SASLCredentials into aiokafka's security_protocol SASL_PLAINTEXT, or SASL_SSL when given a
+        # context; its repr shows the username only.
+        credentials = faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password.get_secret_value(),
+            mechanism=settings.sasl_mechanism,
+            ssl_context=context,
+        )
+        return {"broker_credentials": credentials}
+    if context is not None:
+        return {"broker_credentials": faust.SSLCredentials(context)}
+    return {}
 
 
 def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.App:
@@ -30,6 +52,7 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
         datadir=str(datadir),
+        **auth_options(settings),
     )
 
 
