@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TIER1_TASKS: tuple[str, ...] = (
@@ -24,7 +25,8 @@ TIER1_TASKS: tuple[str, ...] = (
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
+    # hide_input_in_errors: a validation error must not echo the input, which may hold the SASL password.
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore", hide_input_in_errors=True)
 
     home: Path = Field(
         Path.home() / ".cache" / "flywheel", description="Where the Kafka jars, broker data and run state live."
@@ -43,7 +45,38 @@ class Settings(BaseSettings):
     )
     max_screenshot_bytes: int = Field(512 * 1024, description="A step with a larger screenshot is dead-lettered.")
     metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
+    listen_host: str = Field(
+        "127.0.0.1", description="Interface the local broker's client listener binds to (its controller: loopback)."
+    )
+    # Kafka security, one set for every client (kafka-python, faust/aiokafka) and for the local broker.
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol of the clients (and of the local broker's client listener)."
+    )
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = Field(
+        "SCRAM-SHA-256", description="SASL mechanism when security_protocol is SASL_*."
+    )
+    sasl_username: str = Field("", description="SASL user (the local broker creates it when it formats its storage).")
+    sasl_password: SecretStr = Field(SecretStr(""), description="SASL password; never printed (shown as '**********').")
+    ssl_cafile: Path | None = Field(None, description="CA bundle (PEM) of the brokers' certificates (SSL/SASL_SSL).")
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS; optional.")
+    ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of ssl_certfile; optional.")
 
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> Settings:
+        if self.uses_sasl and not (self.sasl_username and self.sasl_password.get_secret_value()):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs FLYWHEEL_SASL_USERNAME and FLYWHEEL_SASL_PASSWORD"
+            )
+        return self
+
+    edge_spool_max_bytes: int = Field(
+        256 * 1024 * 1024, description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged."
+    )
+    canary_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of the fleet that runs new versions first (0: no canary stage)."
+    )
+    canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
+    canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
 
     @property
@@ -56,8 +89,18 @@ class Settings(BaseSettings):
         return self.home / "kafka"
 
     @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
     def local_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        # A wildcard listen_host (0.0.0.0, ::) also listens on loopback, the address local processes use.
+        host = "127.0.0.1" if self.listen_host in ("", "0.0.0.0", "::") else self.listen_host
+        return f"[{host}]:{self.kafka_port}" if ":" in host else f"{host}:{self.kafka_port}"
 
     @property
     def bootstrap(self) -> str:
