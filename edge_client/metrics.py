@@ -1,14 +1,48 @@
-"""Prometheus metrics of an edge client (DESIGN §7 naming)."""
+"""Prometheus metrics of an edge client (DESIGN §7 naming: base units, `_total` counters, histograms)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
-STEPS_PUBLISHED = Counter("flywheel_edge_steps_published_total", "Step events published to Kafka", ["task"])
-EPISODES = Counter("flywheel_edge_episodes_total", "Episodes finished", ["task", "outcome"])
+STEPS_PUBLISHED = Counter("flywheel_edge_steps_published_total", "Step events acknowledged by Kafka", ["task"])
+EPISODES = Counter(
+    "flywheel_edge_episodes_total", "Episodes finished", ["task", "outcome", "model_version"]
+)  # outcome: success | failure
 STEP_SECONDS = Histogram(
     "flywheel_edge_step_phase_seconds",
     "Time per step phase",
-    ["phase"],  # think | act | verify
+    ["phase"],  # think | act | verify; MiniWoB++ acts in 20-90 ms here, experts think in < 1 ms
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+INFERENCE_SECONDS = Histogram(
+    "flywheel_edge_inference_seconds",
+    "Model forward pass per step (onnxruntime)",
+    ["model_version"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+VISUAL_TOKENS_KEPT = Histogram(
+    "flywheel_edge_visual_tokens_kept_ratio",
+    "Fraction of visual tokens kept after pruning, per model step (1: no pruning)",
+    buckets=(0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0),
+)
+SPOOL_DEPTH = Gauge("flywheel_edge_spool_depth", "Step events in the local spool, not yet acknowledged by Kafka")
 MODEL_VERSION = Gauge("flywheel_edge_model_version_info", "Model version in use (value 1)", ["version"])
 MODEL_SWAPS = Counter("flywheel_edge_model_swaps_total", "Model versions received, by outcome", ["outcome"])
+
+
+def use_model_version(version: str, tasks: tuple[str, ...]) -> None:
+    """Mark `version` as the one in use and create its episode series at 0, so Prometheus sees every
+    increment of them (a counter's first sample is not counted as an increase)."""
+    MODEL_VERSION.clear()
+    MODEL_VERSION.labels(version).set(1)
+    for task in tasks:
+        STEPS_PUBLISHED.labels(task)
+        for outcome in ("success", "failure"):
+            EPISODES.labels(task, outcome, version)
+
+
+def observe_decision(version: str, extras: dict[str, float], think_s: float) -> None:
+    """Inference latency and visual-token keep ratio of a model's step (scripted experts have neither)."""
+    if version == "expert":
+        return
+    INFERENCE_SECONDS.labels(version).observe(extras.get("inference_ms", think_s * 1e3) / 1e3)
+    total = extras.get("visual_tokens_total", 0)
+    VISUAL_TOKENS_KEPT.observe(extras.get("visual_tokens_kept", total) / total if total else 1.0)

@@ -13,16 +13,16 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
 from edge_client import metrics
 from edge_client.env import GuiEnv
 from edge_client.policy import Observation, Policy
 from edge_client.preprocess import encode_png
+from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
 from edge_client.verify import verify_step
 from flywheel.kafka_clients import make_producer
+from flywheel.observe import await_scrape, serve_metrics
 from flywheel.settings import Settings
-from schemas import StepEvent, encode_event, new_event_id
+from schemas import StepEvent, decode_event, encode_event, new_event_id
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class EdgeConfig:
     """An episode still running after this many steps ends as a failure ('max_steps')."""
     seed: int = 0
     """Seed of the first episode; episode i of a task uses seed + i."""
-    channel: str = "stable"
-    """Model-versions channel to follow."""
+    channel: str | None = None
+    """Model-versions channel to follow; None: canary for settings.canary_fraction of clients, else stable."""
     wait_for_model_s: float = 120.0
     """With policy='model': how long to wait for a first version before giving up."""
     intra_op_threads: int = 1
@@ -52,6 +52,8 @@ class EdgeConfig:
     """/metrics port (0: any free port, None: do not serve)."""
     summary_path: Path | None = None
     """Where to write the run summary as JSON."""
+    drain_timeout_s: float = 120.0
+    """At exit, how long to wait for the spool to reach Kafka."""
 
 
 @dataclass
@@ -61,7 +63,7 @@ class RunSummary:
     episodes: int = 0
     per_task: dict[str, dict[str, int]] = field(default_factory=dict)
     model_versions: list[str] = field(default_factory=list)
-    send_errors: int = 0
+    unsent: int = 0  # still in the spool at exit (Kafka unreachable); sent by the next run of this client
 
     def record_episode(self, task: str, success: bool) -> None:
         entry = self.per_task.setdefault(task, {"episodes": 0, "successes": 0})
@@ -72,24 +74,26 @@ class RunSummary:
 
 def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     if config.metrics_port is not None:
-        server, _ = start_http_server(config.metrics_port, addr=settings.metrics_host)
-        log.info("edge %s /metrics on port %d", config.client_id, server.server_port)
-    producer = make_producer(settings, config.client_id)
-    steps_topic = topics_for(settings).steps.name
+        serve_metrics("flywheel-edge", settings.metrics_host, config.metrics_port, client_id=config.client_id)
     summary = RunSummary(config.client_id)
     delivered = Tally()
 
-    def on_delivered(_metadata, task: str) -> None:
+    def on_delivered(record: SpooledRecord) -> None:
+        task = decode_event(record.value, expect=StepEvent).task
         delivered[task] += 1
         metrics.STEPS_PUBLISHED.labels(task).inc()
 
-    def on_failed(error: Exception) -> None:
-        summary.send_errors += 1
-        log.error("step event not delivered: %s", error)
+    # Events go to the on-disk spool first and reach Kafka from there, in order, whenever it answers.
+    publisher = SpoolingPublisher(
+        Spool(settings.home / "spool" / config.client_id, settings.edge_spool_max_bytes),
+        lambda: make_producer(settings, config.client_id),
+        on_delivered,
+    )
+    steps_topic = topics_for(settings).steps.name
 
     def publish(event: StepEvent) -> None:
-        future = producer.send(steps_topic, key=event.episode_id.encode(), value=encode_event(event))
-        future.add_callback(on_delivered, task=event.task).add_errback(on_failed)
+        publisher.publish(steps_topic, event.episode_id.encode(), encode_event(event))
+        metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)
     env = GuiEnv(config.tasks[0])
@@ -99,15 +103,17 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 policy = policies(task)
                 if policy.version not in summary.model_versions:
                     summary.model_versions.append(policy.version)
+                    metrics.use_model_version(policy.version, config.tasks)
+                    await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
                 seed = config.seed + index
                 episode_id = f"{config.client_id}-{task}-{seed}-{index}"
                 success = run_episode(env, policy, task, seed, episode_id, config, publish)
                 summary.record_episode(task, success)
-                metrics.EPISODES.labels(task, "success" if success else "failure").inc()
-        producer.flush()
+                metrics.EPISODES.labels(task, "success" if success else "failure", policy.version).inc()
     finally:
         env.close()
-        producer.close()
+        summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
+        metrics.SPOOL_DEPTH.set(summary.unsent)
     summary.steps_published = sum(delivered.values())
     if config.summary_path is not None:
         config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
@@ -123,6 +129,7 @@ def run_episode(
         started = time.perf_counter()
         decision = policy.act(obs)  # think
         thought_s = time.perf_counter() - started
+        metrics.observe_decision(policy.version, decision.extras, thought_s)
         result = env.step(decision.action)  # act
         acted_s = time.perf_counter() - started - thought_s
         verify = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
@@ -171,16 +178,19 @@ def _policy_source(config: EdgeConfig, settings: Settings):
         raise ValueError(f"policy must be 'expert' or 'model', got {config.policy!r}")
     from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
     from edge_client.onnx_policy import OnnxPolicy
+    from flywheel.canary import channel_for
+
+    channel = config.channel or channel_for(config.client_id, settings.canary_fraction)
 
     swapper = ModelSwapper(
-        ModelVersionWatcher(settings, config.client_id, config.channel),
+        ModelVersionWatcher(settings, config.client_id, channel),
         lambda path, version: OnnxPolicy(path, version, intra_op_threads=config.intra_op_threads),
         settings.keys_dir / "trusted" if settings.require_signed_models else None,
     )
     deadline = time.monotonic() + config.wait_for_model_s
     while swapper.maybe_swap(timeout_ms=500) is None:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no model version on channel {config.channel!r} after {config.wait_for_model_s} s")
+            raise TimeoutError(f"no model version for channel {channel!r} after {config.wait_for_model_s} s")
 
     def current(_task: str) -> Policy:
         return swapper.maybe_swap()

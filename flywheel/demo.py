@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.observe import demo_observability
+from flywheel.plots import write_plots
 from flywheel.processes import Child, wait_until
 from flywheel.settings import TIER1_TASKS, Settings
 from processors.queries import episode_stats, step_count
@@ -36,6 +38,10 @@ class DemoConfig:
     """SFT steps of each later model (warm-started from the previous one)."""
     drain_timeout_s: float = 300.0
     """How long the pipeline may take to land a turn's steps in Delta after the clients finish."""
+    prometheus: bool = True
+    """Start a local Prometheus (when installed) that scrapes every process; plots and status read it."""
+    prometheus_port: int = 0
+    """Its port on 127.0.0.1 (0: a free one)."""
 
 
 def say(message: str) -> None:
@@ -54,9 +60,14 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     report: dict = {"turns": [], "config": _jsonable(config.__dict__)}
     started = time.monotonic()
     say(f"data under {settings.data_dir.resolve()}, logs under {logs.resolve()}")
-    with running_broker(settings):
+    with running_broker(settings), demo_observability(config.out, config.prometheus, config.prometheus_port) as obs:
         ensure_topics(settings)
         say(f"kafka ready at {settings.bootstrap}")
+        env.update(obs.env)
+        if obs.url:
+            say(f"prometheus at {obs.url} (every process, 1 s scrapes); live summary: "
+                f"FLYWHEEL_DATA_DIR={settings.data_dir} FLYWHEEL_TOPIC_PREFIX={settings.topic_prefix} "
+                f"flywheel status --prometheus {obs.url}")  # fmt: skip
         worker = Child("processors", ["process"], logs, env)
         try:
             for turn in range(1, config.turns + 1):
@@ -64,6 +75,12 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
                 _write(config.out / "report.json", report, started)
         finally:
             worker.stop()
+            report["observability"] = obs.report()
+        for path in write_plots(config.out, report, settings.tables_dir, obs.url):
+            say(f"plot: {path.resolve()}")
+    if obs.url:
+        say(f"this run's metrics, browsable later: prometheus --config.file={obs.workdir / 'prometheus.yml'} "
+            f"--storage.tsdb.path={obs.workdir / 'data'}  (then open http://localhost:9090)")  # fmt: skip
     report["wall_s"] = round(time.monotonic() - started, 1)
     _write(config.out / "report.json", report, started)
     say(f"report: {(config.out / 'report.json').resolve()}")

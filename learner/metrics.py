@@ -1,5 +1,8 @@
 """Prometheus metrics of the learner (DESIGN §7 naming)."""
 
+import time
+from pathlib import Path
+
 from prometheus_client import Counter, Gauge
 
 TRAINING_STEPS = Counter("flywheel_learner_training_steps_total", "Optimiser steps taken", ["stage"])
@@ -7,3 +10,44 @@ LOSS = Gauge("flywheel_learner_loss", "Latest training loss", ["stage"])
 SAMPLES_PER_SECOND = Gauge("flywheel_learner_samples_per_second", "Training throughput", ["stage"])
 VERSIONS_PUBLISHED = Counter("flywheel_learner_versions_published_total", "Model versions published", ["stage"])
 CURRENT_VERSION = Gauge("flywheel_learner_model_version_info", "Newest published version (value 1)", ["version"])
+STAGE = Gauge("flywheel_learner_stage_info", "Curriculum stage being trained (value 1)", ["stage"])
+DATA_AGE_SECONDS = Gauge(
+    "flywheel_learner_data_age_seconds", "Age of the newest training row read, when training started"
+)
+LAST_PUBLISH_TIMESTAMP = Gauge(
+    "flywheel_learner_last_publish_timestamp_seconds", "Unix time of the last model version published"
+)
+EVAL_SUCCESS = Gauge(
+    "flywheel_learner_eval_success_ratio",
+    "Success rate the published version's eval reported (ModelVersionEvent.eval), by task",
+    ["task", "model_version"],
+)
+
+
+def training_started(stage: str, tables_dir: Path, versions: dict[str, int]) -> None:
+    """Stage in progress, and how old the newest training_samples row at the version read is."""
+    import polars as pl
+
+    from processors.tables import TRAINING_SAMPLES, table_uri
+
+    STAGE.clear()
+    STAGE.labels(stage).set(1)
+    TRAINING_STEPS.labels(stage)  # at 0 before the first step, so no step goes uncounted
+    VERSIONS_PUBLISHED.labels(stage)
+    newest = (
+        pl.scan_delta(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        .select(pl.col("ingested_at").max())
+        .collect()
+        .item()
+    )
+    if newest is not None:
+        DATA_AGE_SECONDS.set(max(0.0, time.time() - newest))
+
+
+def published(stage: str, version: str, at: float, evals: dict[str, float]) -> None:
+    VERSIONS_PUBLISHED.labels(stage).inc()
+    CURRENT_VERSION.clear()
+    CURRENT_VERSION.labels(version).set(1)
+    LAST_PUBLISH_TIMESTAMP.set(at)
+    for task, rate in evals.items():
+        EVAL_SUCCESS.labels(task, version).set(rate)

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.observe import await_scrape
 from flywheel.registry import resolve_model
 from flywheel.settings import Settings
 from learner import metrics
@@ -36,6 +37,8 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     if frame.height < config.min_samples:
         raise RuntimeError(f"only {frame.height} training samples in {settings.tables_dir} (need {config.min_samples})")
     parent, resume = _previous(settings) if config.warm_start else ("", None)
+    metrics.training_started("sft", settings.tables_dir, versions)
+    await_scrape()  # a launcher's Prometheus sees the counters at 0 before training moves them
     work_dir = settings.data_dir / "learner" / "runs" / f"from-{parent or 'scratch'}"
 
     def on_progress(p: SFTProgress) -> None:
@@ -62,8 +65,7 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
             "sft_config": config.sft.__dict__,
         },
     )
-    metrics.VERSIONS_PUBLISHED.labels("sft").inc()
-    metrics.CURRENT_VERSION.labels(event.version).set(1)
+    metrics.published("sft", event.version, event.produced_at, dict(event.eval))
     summary = {
         "version": event.version,
         "parent": parent,

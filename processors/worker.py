@@ -12,8 +12,8 @@ import logging
 import time
 
 import faust
-from prometheus_client import start_http_server
 
+from flywheel.observe import LagExporter, serve_metrics
 from flywheel.settings import Settings, get_settings
 from processors import metrics
 from processors.batching import Batcher
@@ -86,18 +86,20 @@ def build_app(settings: Settings) -> faust.App:
         sink = DeltaSink(settings.tables_dir, STEPS)
 
         async def write_steps(events) -> None:
-            records, dead = [], []
+            records, dead, produced_at = [], [], {}
             for event in events:
                 message = event.message
                 try:
                     step = decode_step(message.value, settings.max_screenshot_bytes)
                     rows = [step_row(step, message.partition, message.offset)]
+                    produced_at[(message.topic, message.partition, message.offset)] = step.produced_at
                 except EventDecodeError as error:
                     dead.append((message, error))
                     rows = []
                 records.append(Record(message.topic, message.partition, message.offset, rows))
             fresh = await asyncio.to_thread(sink.not_yet_written, records)
             fresh_offsets = {(r.topic, r.partition, r.offset) for r in fresh}
+            sent = 0
             for message, error in dead:
                 at = (message.topic, message.partition, message.offset)
                 if at in fresh_offsets:
@@ -105,9 +107,17 @@ def build_app(settings: Settings) -> faust.App:
                     # before the Delta commit: a crash in between re-sends it rather than losing it
                     await topics["dead_letters"].send(value=message.value, headers=dead_letter_headers(message, error))
                     metrics.DEAD_LETTERS.labels(error.reason).inc()
+                    sent += 1
             await _commit(sink, fresh)
-            metrics.EVENTS.labels("steps", "ok").inc(len(events) - len(dead))
-            metrics.EVENTS.labels("steps", "dead_letter").inc(len(dead))
+            committed_at = time.time()
+            for record in fresh:
+                if record.rows:
+                    at = (record.topic, record.partition, record.offset)
+                    metrics.END_TO_END_SECONDS.observe(max(0.0, committed_at - produced_at[at]))
+            metrics.BATCH_EVENTS.labels(STEPS).observe(len(events))
+            metrics.EVENTS.labels("steps", "ok").inc(len(fresh) - sent)
+            metrics.EVENTS.labels("steps", "dead_letter").inc(sent)
+            metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh))
 
         batcher = Batcher(write_steps, BATCH_MAX, BATCH_WITHIN_S)
         batchers.append(batcher)
@@ -128,7 +138,7 @@ def build_app(settings: Settings) -> faust.App:
                 continue
             episode = score_episode(step, progress)
             await topics["episodes"].send(key=step.episode_id.encode(), value=encode_event(episode))
-            metrics.EPISODES_SCORED.labels(episode.task, str(episode.success).lower()).inc()
+            metrics.count_episode(episode.task, episode.success, episode.model_version)
             progress_table.pop(step.episode_id, None)
 
     @app.agent(topics["episodes"])
@@ -162,6 +172,7 @@ def build_app(settings: Settings) -> faust.App:
             ):
                 fresh = await asyncio.to_thread(sink.not_yet_written, records)
                 await _commit(sink, seen.fresh(fresh))
+            metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events))
 
         batcher = Batcher(write_episodes, BATCH_MAX, BATCH_WITHIN_S)
@@ -186,7 +197,7 @@ def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel
     """Run the faust worker in the foreground until SIGTERM/SIGINT."""
     settings = settings or get_settings()
     settings.tables_dir.mkdir(parents=True, exist_ok=True)
-    server, _ = start_http_server(metrics_port, addr=settings.metrics_host)
-    log.warning("processors /metrics on %s:%d", settings.metrics_host, server.server_port)
+    serve_metrics("flywheel-processors", settings.metrics_host, metrics_port)
+    LagExporter(settings).start()  # consumer lag from Delta offsets, kafka_exporter's names
     app = build_app(settings)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,20 @@ def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
         env.setenv("FLYWHEEL_BOOTSTRAP_SERVERS", settings.local_bootstrap)
         with broker.running_broker(settings):
             yield settings
+
+
+DEMO_ARGS = ("--turns", "2", "--clients", "1", "--tasks", "click-test,click-button", "--episodes-per-task", "4",
+             "--sft-steps", "15", "--finetune-steps", "5")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def demo_run(kafka_settings, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One short `flywheel demo` (2 turns, with its Prometheus), shared by the CLI smoke test and the
+    observability tests so the suite runs it once: (out dir, finished process)."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *DEMO_ARGS, "--out", str(out)],
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    return out, result
 
 
 def _link_shared_jars(settings: Settings) -> None:

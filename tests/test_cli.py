@@ -22,7 +22,9 @@ def flywheel(*args: str, env: dict | None = None, timeout: float = 900) -> subpr
 
 @pytest.mark.browser
 def test_eval_expert_scores_one_on_a_tier1_task(tmp_path):
-    result = flywheel("eval", "--policy", "expert", "--tasks", "click-button", "--episodes", "5", "--out", str(tmp_path))
+    result = flywheel(
+        "eval", "--policy", "expert", "--tasks", "click-button", "--episodes", "5", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["model_version"] == "expert"
@@ -40,11 +42,9 @@ def test_eval_rejects_an_unknown_model(tmp_path):
 
 @pytest.mark.kafka
 @pytest.mark.browser
-def test_demo_smoke_two_turns(kafka_settings, tmp_path):
+def test_demo_smoke_two_turns(demo_run):
     """Turn 1 experts -> SFT -> publish; turn 2 the fleet runs the published model; nothing lost."""
-    out = tmp_path / "demo"
-    result = flywheel("demo", "--turns", "2", "--clients", "1", "--tasks", "click-test,click-button",
-                      "--episodes-per-task", "4", "--sft-steps", "15", "--finetune-steps", "5", "--out", str(out))  # fmt: skip
+    out, result = demo_run  # tests/conftest.py: the demo runs once per session
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     first, second = report["turns"]
