@@ -269,9 +269,12 @@ def wait(thought: str, expected: str = EXPECT_CHANGE) -> Decision:
     return Decision(thought=thought, action=Action(type="noop"), expected=expected)
 
 
-def fill(field: DOMElement, value: str, root: DOMElement, label: str) -> Decision | None:
+def fill(field: DOMElement, value: str, root: DOMElement, label: str, focus_ring: bool = True) -> Decision | None:
     """The next step towards `field` holding exactly `value`, or None when it already does.
 
+    focus_ring: the field shows a focus outline, so clicking it visibly changes the screen there.
+    Without one (email-inbox styles `outline: none`) only a blinking caret appears, which a
+    screenshot may or may not catch, so that click's outcome is not checkable from pixels.
     Recovery from wrong text is by Backspace, one character a step, assuming the caret is at the end
     (where typing leaves it).
     """
@@ -279,7 +282,10 @@ def fill(field: DOMElement, value: str, root: DOMElement, label: str) -> Decisio
     if current == value:
         return None
     if not field.focused:
-        return click_then(field, root, f"Click the {label} field at ({{x}}, {{y}}) to type into it.")
+        thought = f"Click the {label} field at ({{x}}, {{y}}) to type into it."
+        if focus_ring:
+            return click_then(field, root, thought)
+        return click(field, root, thought, f"the {label} field takes the focus")
     if value.startswith(current):
         rest = value[len(current) :]
         return type_text(rest, f"The {label} field is focused. Type '{rest}'.")
@@ -478,7 +484,9 @@ def solve_choose_list(obs: Observation) -> Decision:
     if obs.step == 0 or not select.focused:
         return click_then(select, obs.dom, "Open the list at ({x}, {y}).")
     if obs.step == 1:
-        return type_text(name, f"The list is open. Type '{name}' to jump to it.")
+        # The open list moves its highlight, unless the name is highlighted already: not checkable.
+        thought = f"The list is open. Type '{name}' to jump to it."
+        return Decision(thought, Action(type="type", text=name), f"the list highlights '{name}'")
     if obs.step == 2:
         return key_press("<Enter>", f"'{name}' is highlighted. Press Enter to choose it.")
     return submit(obs.dom, why=f"'{name}' is chosen. ")
@@ -517,7 +525,8 @@ def solve_search_engine(obs: Observation) -> Decision:
     results = find_all(obs.dom, lambda e: has_class(e, "search-title"))
     if not results:
         button = find(obs.dom, lambda e: e.id == "search", "the Search button")
-        return click_then(button, obs.dom, f"The box holds '{query}'. Click Search at ({{x}}, {{y}}).")
+        # The results appear below the search bar, not where we click.
+        return click(button, obs.dom, f"The box holds '{query}'. Click Search at ({{x}}, {{y}}).", EXPECT_CHANGE)
     active = find(obs.dom, lambda e: has_class(e, "active"), "the current page")
     if text_of(active) != str(page):
         link = find(obs.dom, lambda e: has_class(e, "page-link") and text_of(e) == str(page), f"page {page}")
@@ -560,12 +569,12 @@ def solve_email_inbox(obs: Observation) -> Decision:
     if reply_text is not None:
         send = find(dom, lambda e: e.id == "send-reply", "the send arrow")
         thought = f"The reply says '{task['reply']}'. Send it with the arrow at ({{x}}, {{y}})."
-        return fill(reply_text, task["reply"], dom, "reply") or click(send, dom, thought)
+        return fill(reply_text, task["reply"], dom, "reply", focus_ring=False) or click(send, dom, thought)
     forward_to = first(dom, lambda e: has_class(e, "forward-sender"))
     if forward_to is not None:
         send = find(dom, lambda e: e.id == "send-forward", "the send arrow")
         thought = f"The email goes to {task['forward']}. Send it with the arrow at ({{x}}, {{y}})."
-        return fill(forward_to, task["forward"], dom, "recipient") or click(send, dom, thought)
+        return fill(forward_to, task["forward"], dom, "recipient", focus_ring=False) or click(send, dom, thought)
 
     email = first(dom, lambda e: e.id == "email")
     if email is not None:
@@ -599,7 +608,7 @@ def solve_email_inbox(obs: Observation) -> Decision:
     search_box = first(dom, lambda e: e.id == "search-input")
     if pane is None or search_box is None:
         raise LookupError("neither the inbox, the search page nor an email is showing")
-    step = fill(search_box, sender, dom, "search")
+    step = fill(search_box, sender, dom, "search", focus_ring=False)
     if step is not None:
         return step
     for thread in find_all(pane, lambda e: has_class(e, "email-thread")):

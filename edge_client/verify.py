@@ -68,7 +68,7 @@ def describe_change(mask: np.ndarray, near: tuple[float, float] | None) -> str:
     total = int(mask.sum())
     if total < MIN_CHANGED_PIXELS:
         return "screen unchanged"
-    share = f"{100.0 * total / mask.size:.1f}% of the screen changed"
+    share = f"{total} px ({100.0 * total / mask.size:.1f}%) of the screen changed"
     if near is None:
         return share
     x, y = near

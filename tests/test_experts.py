@@ -5,7 +5,6 @@ The DOM geometry helpers are also tested without a browser on hand-made DOM tree
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,18 +15,10 @@ from miniwob.dom import DOMElement
 from edge_client.env import GuiEnv, task_name
 from edge_client.evaluate import evaluate, run_episode
 from edge_client.experts import UnsupportedTaskError, expert_for, supported_tasks, visible_point
+from flywheel.settings import TIER1_TASKS
 from schemas import Action
 
-TIER1 = [
-    "click-test",
-    "click-test-2",
-    "click-button",
-    "click-link",
-    "click-dialog",
-    "click-color",
-    "focus-text",
-    "identify-shape",
-]
+TIER1 = list(TIER1_TASKS)
 TIER2 = [
     "click-button-sequence",
     "click-checkboxes",
@@ -48,10 +39,7 @@ TIER2 = [
 ]
 SEEDS = [101, 202, 303]  # away from 0..49, where the 50-episode measurement runs
 
-needs_browser = pytest.mark.skipif(
-    shutil.which("chromedriver") is None or shutil.which("chromium") is None,
-    reason="needs chromium and chromedriver on PATH",
-)
+needs_browser = pytest.mark.browser  # ops/setup.sh installs chromium + chromedriver; a missing one fails loudly
 
 
 # --- without a browser -------------------------------------------------------------------------

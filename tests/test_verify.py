@@ -127,4 +127,4 @@ def test_free_text_expectation_is_not_checkable_but_described() -> None:
 
 def test_describe_change_reports_share_of_screen() -> None:
     mask = changed_mask(blank(), with_patch(0, 0, 160, 21))  # 160*21 / (160*210) = 10%
-    assert describe_change(mask, None) == "10.0% of the screen changed"
+    assert describe_change(mask, None) == "3360 px (10.0%) of the screen changed"
