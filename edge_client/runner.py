@@ -52,6 +52,8 @@ class EdgeConfig:
     """/metrics port (0: any free port, None: do not serve)."""
     summary_path: Path | None = None
     """Where to write the run summary as JSON."""
+    stop_after_s: float | None = None
+    """Stop at the first episode boundary after this many seconds (None: run all episodes)."""
     drain_timeout_s: float = 120.0
     """At exit, how long to wait for the spool to reach Kafka."""
 
@@ -97,19 +99,22 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
 
     policies = _policy_source(config, settings)
     env = GuiEnv(config.tasks[0])
+    schedule = ((index, task) for index in range(config.episodes_per_task) for task in config.tasks)
+    deadline = time.monotonic() + config.stop_after_s if config.stop_after_s is not None else None
     try:
-        for index in range(config.episodes_per_task):
-            for task in config.tasks:
-                policy = policies(task)
-                if policy.version not in summary.model_versions:
-                    summary.model_versions.append(policy.version)
-                    metrics.use_model_version(policy.version, config.tasks)
-                    await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
-                seed = config.seed + index
-                episode_id = f"{config.client_id}-{task}-{seed}-{index}"
-                success = run_episode(env, policy, task, seed, episode_id, config, publish)
-                summary.record_episode(task, success)
-                metrics.EPISODES.labels(task, "success" if success else "failure", policy.version).inc()
+        for index, task in schedule:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            policy = policies(task)
+            if policy.version not in summary.model_versions:
+                summary.model_versions.append(policy.version)
+                metrics.use_model_version(policy.version, config.tasks)
+                await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
+            seed = config.seed + index
+            episode_id = f"{config.client_id}-{task}-{seed}-{index}"
+            success = run_episode(env, policy, task, seed, episode_id, config, publish)
+            summary.record_episode(task, success)
+            metrics.EPISODES.labels(task, "success" if success else "failure", policy.version).inc()
     finally:
         env.close()
         summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
