@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
+import msgspec
+
 from schemas import ModelVersionEvent
 
 
@@ -39,17 +41,7 @@ def store_artifact(src: Path, artifacts_dir: Path) -> tuple[str, str]:
 def write_manifest(event: ModelVersionEvent, artifacts_dir: Path, extra: dict | None = None) -> Path:
     path = artifacts_dir / "manifests" / f"{event.version}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "version": event.version,
-        "parent": event.parent,
-        "stage": event.stage,
-        "artifact_uri": event.artifact_uri,
-        "sha256": event.sha256,
-        "lineage": event.lineage,
-        "signature": event.signature,
-        "produced_at": event.produced_at,
-        **(extra or {}),
-    }
+    manifest = {**msgspec.structs.asdict(event), **(extra or {})}  # the event as published, plus training details
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return path
 
