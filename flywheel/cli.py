@@ -52,21 +52,25 @@ def cmd_edge(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         summary_path=Path(args.summary) if args.summary else None,
         wait_for_model_s=args.wait_for_model,
+        stop_after_s=args.stop_after_s,
     )
     summary = run_client(config, get_settings())
     print(json.dumps(summary.__dict__))
-    return 0 if summary.send_errors == 0 else 1
+    if summary.unsent:
+        print(
+            f"{summary.unsent} events are still spooled (Kafka unreachable); the next run sends them", file=sys.stderr
+        )
+    return 0 if summary.unsent == 0 else 1
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
+    from flywheel.observe import serve_metrics
     from learner.sft import SFTConfig
     from learner.train import LearnConfig, learn_once
 
     settings = get_settings()
-    if args.metrics_port is not None:
-        start_http_server(args.metrics_port, addr=settings.metrics_host)
+    if args.metrics_port >= 0:
+        serve_metrics("flywheel-learner", settings.metrics_host, args.metrics_port)
     config = LearnConfig(sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=25))
 
     def progress(p) -> None:
@@ -111,6 +115,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_canary(args: argparse.Namespace) -> int:
+    from flywheel.canary import run_canary_controller
+
+    run_canary_controller(get_settings(), interval_s=args.interval, once=args.once)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from flywheel.demo import DemoConfig, run_demo
 
@@ -122,9 +133,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
         episodes_per_task=args.episodes_per_task,
         sft_steps=args.sft_steps,
         finetune_steps=args.finetune_steps,
+        prometheus=not args.no_prometheus,
+        prometheus_port=args.prometheus_port,
     )
     report = run_demo(config, get_settings())
     return 0 if all(t["steps_in_delta"] == t["steps_published"] for t in report["turns"]) else 1
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from processors.compare import compare_tables, format_diffs
+    from processors.replay import replay
+
+    settings = get_settings()
+    out = Path(args.out)
+    summary = replay(settings, out)
+    print(f"replayed {summary.records} records in {summary.wall_s:.1f} s into {out}: rows {summary.rows}")
+    if args.no_compare:
+        return 0
+    diffs = compare_tables(settings.tables_dir, out, summary.horizon_by_table(settings))
+    print(f"live {settings.tables_dir} vs rebuilt {out} (rows below the replay's end offsets, ingested_at ignored):")
+    print(format_diffs(diffs))
+    return 0 if all(d.equal for d in diffs) else 1
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from flywheel.dlq import format_dead_letters, read_dead_letters
+
+    letters = read_dead_letters(get_settings(), limit=args.limit)
+    print(json.dumps([d.as_json() for d in letters], indent=2) if args.json else format_dead_letters(letters))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from flywheel.bench_pipeline import BenchConfig, run_bare_consumer, run_bench
+
+    if args.what == "bare-consumer":  # the baseline consumer process the pipeline benchmark starts
+        run_bare_consumer(get_settings())
+        return 0
+    config = BenchConfig(
+        out=Path(args.out), events=args.events, rate=args.rate, client_steps_per_s=args.client_steps_per_s
+    )
+    report = run_bench(config, get_settings())
+    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from flywheel.status import render_status
+
+    print(render_status(get_settings(), args.prometheus))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--seed", type=int, default=0)
     edge.add_argument("--metrics-port", type=int, default=0)
     edge.add_argument("--wait-for-model", type=float, default=120.0)
+    edge.add_argument("--stop-after-s", type=float, default=None, help="stop at the next episode boundary after this")
     edge.add_argument("--summary", help="write the run summary JSON here")
     edge.set_defaults(func=cmd_edge)
 
@@ -157,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--steps", type=int, default=600)
     learn.add_argument("--batch-size", type=int, default=32)
     learn.add_argument("--seed", type=int, default=0)
-    learn.add_argument("--metrics-port", type=int, default=None)
+    learn.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
     learn.add_argument("--summary")
     learn.set_defaults(func=cmd_learn)
 
@@ -171,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", required=True)
     ev.set_defaults(func=cmd_eval)
 
+    canary = sub.add_parser("canary", help="promote or roll back the canary version by live success")
+    canary.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
+    canary.add_argument("--once", action="store_true", help="review once and exit")
+    canary.set_defaults(func=cmd_canary)
+
     demo = sub.add_parser("demo", help="run N turns of the whole flywheel and write DIR/report.json")
     demo.add_argument("--turns", type=int, default=2)
     demo.add_argument("--clients", type=int, default=2)
@@ -179,7 +242,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--episodes-per-task", type=int, default=12, help="per client and turn")
     demo.add_argument("--sft-steps", type=int, default=800, help="SFT steps of turn 1")
     demo.add_argument("--finetune-steps", type=int, default=300, help="SFT steps of each later turn")
+    demo.add_argument("--no-prometheus", action="store_true", help="do not start the local Prometheus")
+    demo.add_argument("--prometheus-port", type=int, default=0, help="its port on 127.0.0.1 (0: a free one)")
     demo.set_defaults(func=cmd_demo)
+
+    st = sub.add_parser("status", help="one screen: fleet, pipeline, learner, success by task and model version")
+    st.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus URL for the live rates")
+    st.set_defaults(func=cmd_status)
+
+    rp = sub.add_parser("replay", help="rebuild the Delta tables from the Kafka log into DIR, compare with the live")
+    rp.add_argument("--out", required=True, help="tables directory to rebuild into (fresh, or a replay to resume)")
+    rp.add_argument("--no-compare", action="store_true", help="only rebuild, do not compare with the live tables")
+    rp.set_defaults(func=cmd_replay)
+
+    dlq = sub.add_parser("dlq", help="list the dead letters (reason, detail, source offset, size)")
+    dlq.add_argument("--limit", type=int, default=100, help="the newest N (0: all)")
+    dlq.add_argument("--json", action="store_true")
+    dlq.set_defaults(func=cmd_dlq)
+
+    bench = sub.add_parser("bench", help="benchmarks: `pipeline` (faust vs a bare consumer into Delta)")
+    bench.add_argument("what", choices=["pipeline", "bare-consumer"])
+    bench.add_argument("--events", type=int, default=20_000, help="steps per phase (backlog drain, offered load)")
+    bench.add_argument("--rate", type=float, default=1000.0, help="offered steps/s of the latency phase")
+    bench.add_argument("--client-steps-per-s", type=float, default=10.0, help="one edge client's steps/s")
+    bench.add_argument("--out", default="runs/bench")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -7,7 +7,9 @@ import time
 from schemas import Action, StepEvent, Verify, new_event_id
 
 
-def step_event(episode_id: str = "c0-click-test-7-0", step: int = 0, done: bool = True, reward: float = 0.9, **overrides):
+def step_event(
+    episode_id: str = "c0-click-test-7-0", step: int = 0, done: bool = True, reward: float = 0.9, **overrides
+):
     fields = dict(
         event_id=new_event_id(),
         client_id=episode_id.split("-")[0],

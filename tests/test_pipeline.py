@@ -70,7 +70,9 @@ def landed(settings, worker: Child, count: int):
 def delta_event_ids(settings) -> list[str]:
     from deltalake import DeltaTable
 
-    return DeltaTable(table_uri(settings.tables_dir, STEPS)).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
+    return (
+        DeltaTable(table_uri(settings.tables_dir, STEPS)).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
+    )
 
 
 def test_steps_land_exactly_once_across_a_worker_restart(flywheel):

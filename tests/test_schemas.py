@@ -60,4 +60,3 @@ def test_event_ids_sort_by_creation_time():
     ids = [new_event_id() for _ in range(50)]
     assert len(set(ids)) == 50
     assert [i[:13] for i in ids] == sorted(i[:13] for i in ids)  # the millisecond prefix never goes back
-

@@ -1,0 +1,390 @@
+"""`flywheel bench pipeline --events N --out DIR`: the pipeline's capacity and latency, beside a baseline.
+
+Two consumers of the same steps, each on its own fresh topics and tables, one after the other:
+
+* `faust`: the real worker (`flywheel process`): steps -> Delta `steps`, plus episode assembly,
+  scoring, the episodes topic and the `episodes` / `training_samples` tables.
+* `bare_consumer`: a plain kafka-python consumer (`flywheel bench bare-consumer`) appending the same
+  batches (same size/age rule) to Delta through the same DeltaSink (same offsets-in-the-commit scheme),
+  so the difference is what faust and the rest of the pipeline cost.
+
+Each runs two phases on realistic steps (160x210 PNG screens drawn like MiniWoB tasks, ~5 KB, as the
+edge clients send them):
+
+1. capacity: N steps are produced while the consumer is stopped, then it starts and drains the
+   backlog; events/s = rows committed between its first and last commit / that time.
+2. latency: with the consumer running, N steps are produced at a fixed offered rate (`--rate`);
+   end-to-end latency per step = when the Delta commit holding its row became visible (the commit
+   file's mtime) - `produced_at` in the event.
+
+Lost (produced and acknowledged, never in Delta) and duplicated (rows beyond one per event_id) are
+counted over both phases. Writes DIR/pipeline_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+from kafka import TopicPartition
+
+from flywheel.kafka_clients import make_consumer, make_producer
+from flywheel.processes import Child
+from flywheel.settings import Settings
+from processors.tables import STEPS, table_uri
+from schemas import Action, StepEvent, Verify, encode_event, new_event_id
+from streams.broker import ensure_topics, running_broker
+from streams.topics import topics_for
+
+log = logging.getLogger(__name__)
+MODES = ("faust", "bare_consumer")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    out: Path
+    events: int = 20_000  # steps per phase and mode
+    rate: float = 1000.0  # offered steps/s in the latency phase
+    steps_per_episode: int = 5
+    client_steps_per_s: float = 10.0  # one edge client's step rate, for the fleet-size statement
+    timeout_s: float = 300.0  # per phase: give up waiting for rows after this long without progress
+
+
+# --- realistic payloads -----------------------------------------------------------------------------------------
+
+
+def render_screens(count: int = 48, seed: int = 0) -> list[bytes]:
+    """PNG screenshots shaped like MiniWoB's 160x210 task area: a yellow instruction bar with text, then
+    buttons, text fields and shapes on white, encoded the way edge clients encode them."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from edge_client.preprocess import SCREEN_H, SCREEN_W, encode_png
+
+    rng = random.Random(seed)
+    words = ["Click", "the", "button", "Submit", "OK", "Enter", "text", "color", "dialog", "link", "focus", "shape"]
+    screens = []
+    for _ in range(count):
+        img = Image.new("RGB", (SCREEN_W, SCREEN_H), "white")
+        draw = ImageDraw.Draw(img)
+        draw.rectangle([0, 0, SCREEN_W, 50], fill=(255, 255, 200))
+        for line in range(3):
+            draw.text((4, 4 + 14 * line), " ".join(rng.choice(words) for _ in range(4)), fill="black")
+        for _ in range(rng.randint(2, 6)):
+            x, y = rng.randint(2, 110), rng.randint(55, 185)
+            w, h = rng.randint(25, 48), rng.randint(14, 24)
+            colour = tuple(rng.randint(60, 240) for _ in range(3))
+            draw.rectangle([x, y, x + w, y + h], fill=colour, outline="black")
+            draw.text((x + 3, y + 3), rng.choice(words), fill="black")
+        for _ in range(rng.randint(0, 3)):
+            x, y, r = rng.randint(10, 150), rng.randint(60, 200), rng.randint(4, 12)
+            draw.ellipse([x - r, y - r, x + r, y + r], fill=tuple(rng.randint(0, 255) for _ in range(3)))
+        screens.append(encode_png(np.asarray(img)))  # the edge clients' own encoder
+    return screens
+
+
+def bench_step(screens: list[bytes], client: str, episode: int, step: int, steps_per_episode: int) -> StepEvent:
+    done = step == steps_per_episode - 1
+    return StepEvent(
+        event_id=new_event_id(),
+        client_id=client,
+        produced_at=time.time(),
+        episode_id=f"{client}-click-button-{episode}-{episode}",
+        step=step,
+        task="click-button",
+        instruction='Click on the "Submit" button.',
+        screenshot=screens[(episode * steps_per_episode + step) % len(screens)],
+        thought="The Submit button is near the middle of the screen; click it.",
+        action=Action("click", 12.0 + 7 * step, 80.0 + 3 * step),
+        model_version="expert",
+        verify=Verify("screen changes near the click", "screen changed near the click", True),
+        reward=1.0 if done else 0.0,
+        done=done,
+        behaviour_logprob=-0.25,
+        inference_ms=18.0,
+        env_ms=35.0,
+        visual_tokens_total=420,
+        visual_tokens_kept=105,
+    )
+
+
+@dataclass
+class Produced:
+    event_ids: list[str]
+    wall_s: float
+    payload_bytes: int
+
+    @property
+    def events_per_s(self) -> float:
+        return len(self.event_ids) / self.wall_s if self.wall_s else 0.0
+
+
+def produce_steps(
+    settings: Settings, screens: list[bytes], count: int, client: str, steps_per_episode: int, rate: float = 0.0
+) -> Produced:
+    """Send `count` steps (whole episodes) to the steps topic, paced at `rate` steps/s (0: unpaced);
+    return the ids Kafka acknowledged."""
+    producer = make_producer(settings, f"bench-{client}")
+    topic = topics_for(settings).steps.name
+    futures, payload = [], 0
+    started = time.monotonic()
+    try:
+        for i in range(count):
+            if rate > 0 and i % 10 == 0:  # pace in small bursts: sleep until the i-th step is due
+                delay = started + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            episode, step = divmod(i, steps_per_episode)
+            event = bench_step(screens, client, episode, step, steps_per_episode)
+            value = encode_event(event)
+            payload += len(value)
+            futures.append((event.event_id, producer.send(topic, key=event.episode_id.encode(), value=value)))
+        producer.flush()
+    finally:
+        producer.close()
+    wall = time.monotonic() - started
+    acked = [event_id for event_id, future in futures if future.succeeded()]
+    if len(acked) != count:
+        log.warning("%d of %d sends were not acknowledged", count - len(acked), count)
+    return Produced(acked, wall, payload)
+
+
+# --- when rows became visible: the Delta log ---------------------------------------------------------------------
+
+
+def visible_rows(tables_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """event_id -> [(visible_at, produced_at)] for each row of `steps`: visible_at is the mtime of the
+    commit file that added the row's data file (the commit is atomic: that is when readers see it)."""
+    uri = Path(table_uri(tables_dir, STEPS))
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for commit in sorted((uri / "_delta_log").glob("*.json")):
+        visible_at = commit.stat().st_mtime_ns / 1e9
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" not in action:
+                continue
+            data = pq.read_table(uri / unquote(action["add"]["path"]), columns=["event_id", "produced_at"])
+            for event_id, produced_at in zip(
+                data.column("event_id").to_pylist(), data.column("produced_at").to_pylist(), strict=True
+            ):
+                rows.setdefault(event_id, []).append((visible_at, produced_at))
+    return rows
+
+
+def rows_landed(tables_dir: Path, wanted: set[str]) -> int:
+    from deltalake import DeltaTable
+
+    uri = table_uri(tables_dir, STEPS)
+    if not (Path(uri) / "_delta_log").is_dir():
+        return 0
+    ids = DeltaTable(uri).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
+    return sum(1 for event_id in ids if event_id in wanted)
+
+
+def wait_for_rows(tables_dir: Path, wanted: set[str], consumer: Child, stall_s: float) -> None:
+    """Until every wanted row is in Delta, or nothing new has landed for `stall_s` seconds."""
+    last, last_change = -1, time.monotonic()
+    while True:
+        if not consumer.running():
+            raise RuntimeError(f"{consumer.name} exited:\n{consumer.tail()}")
+        landed = rows_landed(tables_dir, wanted)
+        if landed >= len(wanted):
+            return
+        if landed != last:
+            last, last_change = landed, time.monotonic()
+        elif time.monotonic() - last_change > stall_s:
+            log.warning("%s: %d of %d rows after %.0f s without progress", consumer.name, landed, len(wanted), stall_s)
+            return
+        time.sleep(0.25)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def phase_stats(rows: dict[str, list[tuple[float, float]]], event_ids: list[str]) -> dict:
+    """Lost, duplicated, drain rate and latency of one phase's events."""
+    landed = [rows[e] for e in event_ids if e in rows]
+    latencies = [min(v for v, _ in copies) - copies[0][1] for copies in landed]
+    commits = Counter(min(v for v, _ in copies) for copies in landed)  # visible_at -> rows that commit made visible
+    times = sorted(commits)
+    # Rate between the first and the last commit: the rows of the first commit were read before the clock starts.
+    drained = sum(commits.values()) - (commits[times[0]] if times else 0)
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {
+        "events": len(event_ids),
+        "landed": len(landed),
+        "lost": len(event_ids) - len(landed),
+        "duplicated": sum(len(copies) - 1 for copies in landed),
+        "commits": len(times),
+        "drain_events_per_s": round(drained / span, 1) if span else 0.0,
+        "e2e_p50_s": round(percentile(latencies, 50), 3) if latencies else None,
+        "e2e_p99_s": round(percentile(latencies, 99), 3) if latencies else None,
+        "e2e_max_s": round(max(latencies), 3) if latencies else None,
+    }
+
+
+# --- the two consumers --------------------------------------------------------------------------------------------
+
+
+def start_consumer(mode: str, settings: Settings, log_dir: Path) -> Child:
+    env = {
+        "FLYWHEEL_DATA_DIR": str(settings.data_dir),
+        "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix,
+        "FLYWHEEL_BOOTSTRAP_SERVERS": settings.bootstrap,
+    }
+    args = ["process"] if mode == "faust" else ["bench", "bare-consumer"]
+    return Child(f"bench-{mode}", args, log_dir, env)
+
+
+def run_bare_consumer(settings: Settings) -> None:
+    """The baseline: a bare kafka-python consumer, no group, every steps partition assigned, resuming after the
+    offsets in the Delta table; batches of BATCH_MAX records or BATCH_WITHIN_S seconds, like the faust sink."""
+    from processors.delta_sink import DeltaSink
+    from processors.replay import step_records
+    from processors.worker import BATCH_MAX, BATCH_WITHIN_S
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    topic = topics_for(settings).steps.name
+    sink = DeltaSink(settings.tables_dir, STEPS)
+    consumer = make_consumer(settings, "flywheel-bench-bare", fetch_max_bytes=64 * 1024 * 1024)
+    while not (partition_ids := consumer.partitions_for_topic(topic)):
+        time.sleep(0.2)
+    partitions = [TopicPartition(topic, p) for p in sorted(partition_ids)]
+    consumer.assign(partitions)
+    committed = sink.committed_offsets({(topic, p.partition) for p in partitions})
+    for tp in partitions:
+        consumer.seek(tp, committed[(topic, tp.partition)] + 1)
+    batch, first_at = [], 0.0
+    try:
+        while not stop.is_set():
+            for records in consumer.poll(timeout_ms=100, max_records=BATCH_MAX).values():
+                if not batch:
+                    first_at = time.monotonic()
+                batch += records
+            if batch and (len(batch) >= BATCH_MAX or time.monotonic() - first_at >= BATCH_WITHIN_S):
+                sink.write(step_records(batch, settings.max_screenshot_bytes)[0])
+                batch = []
+    finally:
+        if batch:
+            sink.write(step_records(batch, settings.max_screenshot_bytes)[0])
+        consumer.close()
+
+
+# --- the benchmark ------------------------------------------------------------------------------------------------
+
+
+def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes]) -> dict:
+    settings = base.model_copy(
+        update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}-{mode}", "data_dir": config.out / "data" / mode}
+    )
+    ensure_topics(settings)
+    tables = settings.tables_dir
+    print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
+    backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode)
+    consumer = start_consumer(mode, settings, config.out / "logs")
+    try:
+        print(f"[{mode}] capacity: draining the backlog ({backlog.events_per_s:.0f} steps/s produced)", flush=True)
+        wait_for_rows(tables, set(backlog.event_ids), consumer, config.timeout_s)
+        print(f"[{mode}] latency: {config.events} steps at {config.rate:.0f} steps/s", flush=True)
+        live = produce_steps(settings, screens, config.events, "lat", config.steps_per_episode, config.rate)
+        wait_for_rows(tables, set(live.event_ids), consumer, config.timeout_s)
+    finally:
+        consumer.stop()
+    rows = visible_rows(tables)
+    capacity, latency = phase_stats(rows, backlog.event_ids), phase_stats(rows, live.event_ids)
+    return {
+        "events": capacity["events"] + latency["events"],
+        "events_per_s": capacity["drain_events_per_s"],
+        "e2e_p50_s": latency["e2e_p50_s"],
+        "e2e_p99_s": latency["e2e_p99_s"],
+        "lost": capacity["lost"] + latency["lost"],
+        "duplicated": capacity["duplicated"] + latency["duplicated"],
+        "offered_rate": config.rate,
+        "achieved_rate": round(live.events_per_s, 1),
+        "mean_event_bytes": round((backlog.payload_bytes + live.payload_bytes) / max(1, config.events * 2)),
+        "capacity": capacity,
+        "latency": latency,
+    }
+
+
+def run_bench(config: BenchConfig, settings: Settings) -> dict:
+    config.out.mkdir(parents=True, exist_ok=True)
+    screens = render_screens()
+    report: dict = {}
+    with running_broker(settings):
+        for mode in MODES:
+            report[mode] = run_mode(mode, config, settings, screens)
+    faust, bare = report["faust"], report["bare_consumer"]
+    ratio = faust["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
+    report["summary"] = {
+        "faust_over_bare_throughput": round(ratio, 3),
+        "client_steps_per_s": config.client_steps_per_s,
+        "fleet_size_supported": int(faust["events_per_s"] // config.client_steps_per_s),
+        "cpus": os.cpu_count(),
+        "steps_per_episode": config.steps_per_episode,
+        "mean_screenshot_bytes": round(sum(map(len, screens)) / len(screens)),
+        "crc32c_extension": _has_crc32c(),
+        "targets": {
+            "throughput_ratio>=0.5": ratio >= 0.5,
+            "faust_e2e_p99_s<=5": faust["e2e_p99_s"] is not None and faust["e2e_p99_s"] <= 5.0,
+            "faust_events_per_s>=1000": faust["events_per_s"] >= 1000,
+            "lost==0_and_duplicated==0": all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in MODES),
+        },
+    }
+    (config.out / "pipeline_bench.json").write_text(json.dumps(report, indent=2))
+    print(format_report(report))
+    return report
+
+
+def _has_crc32c() -> bool:
+    try:
+        import crc32c  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def format_report(report: dict) -> str:
+    def cell(value) -> str:
+        return "-" if value is None else f"{value}"
+
+    rows = [
+        ("events", "events"),
+        ("events/s (backlog drain)", "events_per_s"),
+        ("e2e p50 s (at offered rate)", "e2e_p50_s"),
+        ("e2e p99 s (at offered rate)", "e2e_p99_s"),
+        ("offered / achieved rate", None),
+        ("lost", "lost"),
+        ("duplicated", "duplicated"),
+    ]
+    lines = [f"{'':30s} {'faust':>16s} {'bare_consumer':>16s}"]
+    for label, key in rows:
+        if key is None:
+            values = [f"{report[m]['offered_rate']:.0f}/{report[m]['achieved_rate']:.0f}" for m in MODES]
+        else:
+            values = [cell(report[m][key]) for m in MODES]
+        lines.append(f"{label:30s} {values[0]:>16s} {values[1]:>16s}")
+    s = report["summary"]
+    lines.append(
+        f"faust / bare throughput: {s['faust_over_bare_throughput']:.2f}; fleet supported at "
+        f"{s['client_steps_per_s']:g} steps/s per client: {s['fleet_size_supported']} clients"
+    )
+    lines.append("targets: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""Rebuild the Delta projections from the Kafka log into a fresh location (DESIGN §1: the log is the
+source of truth, every table a projection of it).
+
+A bare kafka-python consumer (no group) assigns every partition of the steps and episodes topics,
+reads from the beginning up to the end offsets captured when it starts (the replay's horizon), and
+turns records into rows through the same functions the faust agents use: `decode_step`,
+`processors.rows`, `processors.scoring.curate`, `EpisodeDeduper` and `DeltaSink` (offsets in the
+commit, so a replay interrupted half-way resumes where it stopped, and a second replay of the same
+horizon writes nothing).
+
+Episodes are read from the `episodes` topic, not re-assembled from steps: the log holds the scored
+EpisodeEvents the live sink wrote, with their event ids and scoring times. Re-scoring would mint
+new event ids (and could not know which of two copies emitted after a crash the live table kept),
+so the rebuilt `episodes` table could not equal the live one row for row. Assembly and scoring are
+pure functions (processors.scoring) covered by their own tests; replay reproduces the projection
+of what the log says happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafka import KafkaConsumer, TopicPartition
+
+from flywheel.kafka_clients import make_consumer
+from flywheel.settings import Settings
+from processors.delta_sink import DeltaSink, Record
+from processors.rows import episode_row, sample_rows, step_row
+from processors.scoring import curate
+from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from processors.worker import BATCH_MAX, EpisodeDeduper, decode_step
+from schemas import EpisodeEvent, EventDecodeError, decode_event
+from streams.topics import topics_for
+
+log = logging.getLogger(__name__)
+
+# Offsets per (topic, partition): the first offset NOT included (Kafka's "end offset").
+Horizon = dict[tuple[str, int], int]
+
+
+# --- records -> rows: what the faust agents do, as functions of a batch of Kafka records ------------------------
+
+
+def step_records(messages: Iterable, max_screenshot_bytes: int) -> tuple[list[Record], list[tuple[object, str]]]:
+    """Kafka records of the steps topic -> sink records (a dead letter keeps its offset, with no rows), and
+    the dead letters as (message, reason). `messages` need topic, partition, offset and value (kafka-python's
+    ConsumerRecord and faust's Message both have them)."""
+    records, dead = [], []
+    for message in messages:
+        try:
+            step = decode_step(message.value, max_screenshot_bytes)
+            rows = [step_row(step, message.partition, message.offset)]
+        except EventDecodeError as error:
+            dead.append((message, error.reason))
+            rows = []
+        records.append(Record(message.topic, message.partition, message.offset, rows))
+    return records, dead
+
+
+def episode_records(messages: Iterable) -> tuple[list[Record], list[Record]]:
+    """Kafka records of the episodes topic -> (episodes records, training_samples records), keyed by
+    episode_id for the de-duplication above the offset level."""
+    episodes, samples = [], []
+    for message in messages:
+        at = (message.topic, message.partition, message.offset)
+        try:
+            episode = decode_event(message.value, expect=EpisodeEvent)
+        except EventDecodeError:
+            episodes.append(Record(*at, []))
+            samples.append(Record(*at, []))
+            continue
+        kept = curate(episode)
+        rows = sample_rows(episode, *kept, message.partition, message.offset) if kept else []
+        episodes.append(Record(*at, [episode_row(episode, message.partition, message.offset)], episode.episode_id))
+        samples.append(Record(*at, rows, episode.episode_id))
+    return episodes, samples
+
+
+# --- reading the log up to a horizon ----------------------------------------------------------------------------
+
+
+def assign_from_beginning(consumer: KafkaConsumer, topics: list[str], timeout_s: float = 30.0) -> Horizon:
+    """Assign every partition of `topics`, seek to their beginnings; return the end offsets as of now."""
+    deadline = time.monotonic() + timeout_s
+    partitions: list[TopicPartition] = []
+    for topic in topics:
+        while not (ids := consumer.partitions_for_topic(topic)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for topic {topic} after {timeout_s:.0f} s")
+            time.sleep(0.2)
+        partitions += [TopicPartition(topic, p) for p in sorted(ids)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    return {(tp.topic, tp.partition): end for tp, end in consumer.end_offsets(partitions).items()}
+
+
+def read_until(
+    consumer: KafkaConsumer, horizon: Horizon, max_records: int = BATCH_MAX, stall_s: float = 60.0
+) -> Iterator[list]:
+    """Polled batches of records below the horizon, until every partition has reached it.
+
+    Raises TimeoutError when nothing arrives for `stall_s` seconds while records are still missing.
+    """
+    pending = {TopicPartition(t, p) for (t, p), end in horizon.items() if consumer.position(TopicPartition(t, p)) < end}
+    consumer.pause(*[tp for tp in consumer.assignment() if tp not in pending])
+    last_progress = time.monotonic()
+    while pending:
+        polled = consumer.poll(timeout_ms=500, max_records=max_records)
+        batch = []
+        for tp, records in polled.items():
+            end = horizon[(tp.topic, tp.partition)]
+            batch += [r for r in records if r.offset < end]
+        for tp in list(pending):
+            if consumer.position(tp) >= horizon[(tp.topic, tp.partition)]:
+                pending.discard(tp)
+                consumer.pause(tp)
+        if batch:
+            last_progress = time.monotonic()
+            yield batch
+        elif time.monotonic() - last_progress > stall_s:
+            short = len(pending)
+            raise TimeoutError(f"reading stalled for {stall_s:.0f} s with {short} partitions short of the horizon")
+
+
+# --- replay -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplaySummary:
+    horizon: Horizon
+    records: dict[str, int] = field(default_factory=dict)  # topic -> records read
+    rows: dict[str, int] = field(default_factory=dict)  # table -> rows written
+    dead_letters: int = 0  # undecodable steps skipped (the live worker dead-lettered them already)
+    wall_s: float = 0.0
+
+    def horizon_by_table(self, settings: Settings) -> dict[str, dict[int, int]]:
+        """{table: {partition: end offset}} of the topic each table is projected from."""
+        topics = topics_for(settings)
+        source = {STEPS: topics.steps.name, EPISODES: topics.episodes.name, TRAINING_SAMPLES: topics.episodes.name}
+        return {
+            table: {p: end for (t, p), end in self.horizon.items() if t == topic} for table, topic in source.items()
+        }
+
+
+def replay(
+    settings: Settings,
+    out_dir: Path,
+    batch_size: int = BATCH_MAX,
+    progress: Callable[[ReplaySummary], None] | None = None,
+) -> ReplaySummary:
+    """Rebuild `steps`, `episodes` and `training_samples` under `out_dir` from the log of `settings`' topics."""
+    started = time.monotonic()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    topics = topics_for(settings)
+    steps_topic, episodes_topic = topics.steps.name, topics.episodes.name
+    steps_sink = DeltaSink(out_dir, STEPS)
+    episodes_sink, samples_sink = DeltaSink(out_dir, EPISODES), DeltaSink(out_dir, TRAINING_SAMPLES)
+    episodes_seen, samples_seen = EpisodeDeduper(episodes_sink), EpisodeDeduper(samples_sink)
+
+    consumer = make_consumer(settings, "flywheel-replay", consumer_timeout_ms=1000, fetch_max_bytes=64 * 1024 * 1024)
+    try:
+        horizon = assign_from_beginning(consumer, [steps_topic, episodes_topic])
+        summary = ReplaySummary(
+            horizon, {steps_topic: 0, episodes_topic: 0}, {STEPS: 0, EPISODES: 0, TRAINING_SAMPLES: 0}
+        )
+        buffers: dict[str, list] = {steps_topic: [], episodes_topic: []}
+
+        def flush(topic: str) -> None:
+            batch, buffers[topic] = buffers[topic], []
+            if not batch:
+                return
+            summary.records[topic] += len(batch)
+            if topic == steps_topic:
+                records, dead = step_records(batch, settings.max_screenshot_bytes)
+                summary.dead_letters += len(dead)
+                summary.rows[STEPS] += steps_sink.write(records)
+            else:
+                episodes, samples = episode_records(batch)
+                for table, sink, seen, records in (
+                    (EPISODES, episodes_sink, episodes_seen, episodes),
+                    (TRAINING_SAMPLES, samples_sink, samples_seen, samples),
+                ):
+                    fresh = seen.fresh(sink.not_yet_written(records))
+                    if fresh:
+                        summary.rows[table] += sink.write(fresh)
+            if progress is not None:
+                progress(summary)
+
+        # Records of one partition arrive in offset order, and every sink drops offsets it already holds, so
+        # writing per-topic batches in poll order keeps each table's projection identical to the live one.
+        for batch in read_until(consumer, horizon, max_records=batch_size):
+            for record in batch:
+                buffers[record.topic].append(record)
+            for topic, buffer in buffers.items():
+                if len(buffer) >= batch_size:
+                    flush(topic)
+        for topic in buffers:
+            flush(topic)
+    finally:
+        consumer.close()
+    summary.wall_s = time.monotonic() - started
+    return summary
