@@ -255,7 +255,7 @@ def run_bare_consumer(settings: Settings) -> None:
     """The baseline: a bare kafka-python consumer, no group, every steps partition assigned, resuming after the
     offsets in the Delta table; batches of BATCH_MAX records or BATCH_WITHIN_S seconds, like the faust sink."""
     from processors.delta_sink import DeltaSink
-    from processors.replay import step_records
+    from processors.records import step_records
     from processors.worker import BATCH_MAX, BATCH_WITHIN_S
 
     stop = threading.Event()
@@ -279,11 +279,11 @@ def run_bare_consumer(settings: Settings) -> None:
                     first_at = time.monotonic()
                 batch += records
             if batch and (len(batch) >= BATCH_MAX or time.monotonic() - first_at >= BATCH_WITHIN_S):
-                sink.write(step_records(batch, settings.max_screenshot_bytes)[0])
+                sink.write(step_records(batch, settings.max_screenshot_bytes).records)
                 batch = []
     finally:
         if batch:
-            sink.write(step_records(batch, settings.max_screenshot_bytes)[0])
+            sink.write(step_records(batch, settings.max_screenshot_bytes).records)
         consumer.close()
 
 

@@ -3,8 +3,8 @@ source of truth, every table a projection of it).
 
 A bare kafka-python consumer (no group) assigns every partition of the steps and episodes topics,
 reads from the beginning up to the end offsets captured when it starts (the replay's horizon), and
-turns records into rows through the same functions the faust agents use: `decode_step`,
-`processors.rows`, `processors.scoring.curate`, `EpisodeDeduper` and `DeltaSink` (offsets in the
+turns records into rows through the same functions the faust agents use (`processors.records`,
+`EpisodeDeduper`, `DeltaSink` (offsets in the
 commit, so a replay interrupted half-way resumes where it stopped, and a second replay of the same
 horizon writes nothing).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,56 +28,15 @@ from kafka import KafkaConsumer, TopicPartition
 
 from flywheel.kafka_clients import make_consumer
 from flywheel.settings import Settings
-from processors.delta_sink import DeltaSink, Record
-from processors.rows import episode_row, sample_rows, step_row
-from processors.scoring import curate
+from processors.delta_sink import DeltaSink
+from processors.records import BATCH_MAX, EpisodeDeduper, episode_records, step_records
 from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES
-from processors.worker import BATCH_MAX, EpisodeDeduper, decode_step
-from schemas import EpisodeEvent, EventDecodeError, decode_event
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
 
 # Offsets per (topic, partition): the first offset NOT included (Kafka's "end offset").
 Horizon = dict[tuple[str, int], int]
-
-
-# --- records -> rows: what the faust agents do, as functions of a batch of Kafka records ------------------------
-
-
-def step_records(messages: Iterable, max_screenshot_bytes: int) -> tuple[list[Record], list[tuple[object, str]]]:
-    """Kafka records of the steps topic -> sink records (a dead letter keeps its offset, with no rows), and
-    the dead letters as (message, reason). `messages` need topic, partition, offset and value (kafka-python's
-    ConsumerRecord and faust's Message both have them)."""
-    records, dead = [], []
-    for message in messages:
-        try:
-            step = decode_step(message.value, max_screenshot_bytes)
-            rows = [step_row(step, message.partition, message.offset)]
-        except EventDecodeError as error:
-            dead.append((message, error.reason))
-            rows = []
-        records.append(Record(message.topic, message.partition, message.offset, rows))
-    return records, dead
-
-
-def episode_records(messages: Iterable) -> tuple[list[Record], list[Record]]:
-    """Kafka records of the episodes topic -> (episodes records, training_samples records), keyed by
-    episode_id for the de-duplication above the offset level."""
-    episodes, samples = [], []
-    for message in messages:
-        at = (message.topic, message.partition, message.offset)
-        try:
-            episode = decode_event(message.value, expect=EpisodeEvent)
-        except EventDecodeError:
-            episodes.append(Record(*at, []))
-            samples.append(Record(*at, []))
-            continue
-        kept = curate(episode)
-        rows = sample_rows(episode, *kept, message.partition, message.offset) if kept else []
-        episodes.append(Record(*at, [episode_row(episode, message.partition, message.offset)], episode.episode_id))
-        samples.append(Record(*at, rows, episode.episode_id))
-    return episodes, samples
 
 
 # --- reading the log up to a horizon ----------------------------------------------------------------------------
@@ -176,11 +135,11 @@ def replay(
                 return
             summary.records[topic] += len(batch)
             if topic == steps_topic:
-                records, dead = step_records(batch, settings.max_screenshot_bytes)
-                summary.dead_letters += len(dead)
-                summary.rows[STEPS] += steps_sink.write(records)
+                steps = step_records(batch, settings.max_screenshot_bytes)
+                summary.dead_letters += len(steps.dead)
+                summary.rows[STEPS] += steps_sink.write(steps.records)
             else:
-                episodes, samples = episode_records(batch)
+                episodes, samples, _dead = episode_records(batch)
                 for table, sink, seen, records in (
                     (EPISODES, episodes_sink, episodes_seen, episodes),
                     (TRAINING_SAMPLES, samples_sink, samples_seen, samples),

@@ -20,7 +20,7 @@ class ScoreWeights:
 @dataclass
 class EpisodeProgress:
     """What assembly remembers of an unfinished episode. Keyed by step index, so a redelivered step
-    (at-least-once delivery into the assembler) overwrites itself instead of counting twice."""
+    overwrites itself instead of counting twice."""
 
     task: str = ""
     client_id: str = ""
@@ -33,27 +33,6 @@ class EpisodeProgress:
             self.task, self.client_id, self.model_version = step.task, step.client_id, step.model_version
             self.first_produced_at = step.produced_at
         self.verified[step.step] = step.verify.ok
-
-    def to_dict(self) -> dict:
-        return {
-            "task": self.task,
-            "client_id": self.client_id,
-            "model_version": self.model_version,
-            "first_produced_at": self.first_produced_at,
-            "verified": {str(k): v for k, v in self.verified.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, raw: dict | None) -> EpisodeProgress:
-        if not raw:
-            return cls()
-        return cls(
-            task=raw["task"],
-            client_id=raw["client_id"],
-            model_version=raw["model_version"],
-            first_produced_at=raw["first_produced_at"],
-            verified={int(k): v for k, v in raw["verified"].items()},
-        )
 
 
 def step_efficiency(steps: int, reference_steps: int = 1) -> float:

@@ -50,6 +50,10 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         producer_acks=-1,
         broker_commit_every=200,
         broker_commit_interval=1.0,
+        # A dead worker's partitions move after the session timeout (faust's default 60 s would stall
+        # them, the dead worker's own restart included, for a minute).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
         consumer_auto_offset_reset="earliest",
         datadir=str(datadir),
         **auth_options(settings),
