@@ -82,12 +82,16 @@ class DeltaSink:
         return fresh
 
     def write(self, records: Sequence[Record]) -> int:
-        """Append the fresh records' rows and their offsets in one commit; return the rows written.
+        """Append the rows of records not yet written, with their offsets, in one commit; return the rows."""
+        return self.append(self.not_yet_written(records))
+
+    def append(self, fresh: Sequence[Record]) -> int:
+        """Append records already checked by `not_yet_written` (at most one table refresh per batch).
 
         A record without rows (a dead letter) still advances the recorded offset, so it is not
-        reconsidered after a restart.
+        reconsidered after a restart. Should another writer have committed the same partition since
+        the check, Delta refuses this commit as a concurrent transaction instead of duplicating rows.
         """
-        fresh = self.not_yet_written(records)
         if not fresh:
             return 0
         last: dict[tuple[str, int], int] = {}
@@ -96,9 +100,8 @@ class DeltaSink:
             last[key] = max(last.get(key, -1), record.offset)
         transactions = [Transaction(app_id(self.sink, topic, part), offset) for (topic, part), offset in last.items()]
         rows = [row for record in fresh for row in record.rows]
-        dt = self._table()
         write_deltalake(
-            dt if dt is not None else self.uri,
+            self._dt if self._dt is not None else self.uri,
             pa.Table.from_pylist(rows, schema=self.schema),
             mode="append",
             partition_by=self.partition_by,
