@@ -127,6 +127,7 @@ class SpoolingPublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._producer = None
+        self._in_flight: tuple[list[SpooledRecord], list] | None = None  # sent, not yet acknowledged
         self._thread = threading.Thread(target=self._drain_forever, name="spool-drain", daemon=True)
         self._thread.start()
 
@@ -164,21 +165,32 @@ class SpoolingPublisher:
                 backoff = min(backoff * 2, self.max_backoff_s)
 
     def _send_batch(self) -> bool:
-        records = self.spool.pending(self.batch)
-        if not records:
-            return True
+        """Send the oldest spooled records, or keep waiting for the ones already sent; True once they
+        are acknowledged.
+
+        Records handed to the producer are never sent a second time while the producer still owns them:
+        its own retries are idempotent (the broker drops a retried batch it already wrote, even across a
+        broker restart), a resend by us would not be. Only records the producer gave up on (delivery
+        timeout) are sent again, from the spool.
+        """
         try:
             if self._producer is None:
                 self._producer = self.make_producer()
-            futures = [self._producer.send(r.topic, key=r.key, value=r.value) for r in records]
+            if self._in_flight is None:
+                records = self.spool.pending(self.batch)
+                if not records:
+                    return True
+                futures = [self._producer.send(r.topic, key=r.key, value=r.value) for r in records]
+                self._in_flight = (records, futures)
+            records, futures = self._in_flight
             self._producer.flush(timeout=self.send_timeout_s)
-            for future in futures:
-                future.get(timeout=0)
-        except (KafkaError, AssertionError) as error:
-            if self.online:
-                log.warning("kafka unreachable (%s); spooling to %s", type(error).__name__, self.spool.directory)
-            self.online = False
-            self._abandon_producer()
+        except (KafkaError, AssertionError) as error:  # unreachable: the producer keeps what it holds
+            self._went_offline(error)
+            return False
+        failed = [future.exception for future in futures if future.failed()]
+        self._in_flight = None
+        if failed:  # given up by the producer: never written, sent again from the spool next time
+            self._went_offline(failed[0])
             return False
         if not self.online:
             log.warning("kafka reachable again; spool drained to %d events", self.depth() - len(records))
@@ -188,11 +200,7 @@ class SpoolingPublisher:
             self.on_delivered(record)
         return True
 
-    def _abandon_producer(self) -> None:
-        """Drop in-flight sends, so the retry from the spool is the only copy that gets through."""
-        if self._producer is not None:
-            try:
-                self._producer.close(timeout=0)
-            except Exception:  # closing a producer whose broker is gone may raise anything
-                pass
-            self._producer = None
+    def _went_offline(self, error: BaseException) -> None:
+        if self.online:
+            log.warning("kafka unreachable (%s); spooling to %s", type(error).__name__, self.spool.directory)
+        self.online = False
