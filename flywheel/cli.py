@@ -71,10 +71,14 @@ def cmd_learn(args: argparse.Namespace) -> int:
     settings = get_settings()
     if args.metrics_port >= 0:
         serve_metrics("flywheel-learner", settings.metrics_host, args.metrics_port)
-    config = LearnConfig(sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=25))
+    # Metrics follow every 5th step (a short run still shows its loss curve); the console every 25th.
+    config = LearnConfig(sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5))
 
     def progress(p) -> None:
-        print(f"  sft step {p.step}/{p.total_steps} loss {p.loss:.3f} ({p.samples_per_s:.0f} samples/s)", flush=True)
+        if p.step % 25 == 0 or p.step == p.total_steps:
+            print(
+                f"  sft step {p.step}/{p.total_steps} loss {p.loss:.3f} ({p.samples_per_s:.0f} samples/s)", flush=True
+            )
 
     summary = learn_once(settings, config, progress)
     print(json.dumps(summary), flush=True)

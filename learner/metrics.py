@@ -23,11 +23,18 @@ EVAL_SUCCESS = Gauge(
     ["task", "model_version"],
 )
 
+LIVE_SUCCESS = Gauge(
+    "flywheel_learner_live_success_ratio",
+    "Fleet success per task of each model version, from the episodes table the learner trains on",
+    ["task", "model_version"],
+)
+
 
 def training_started(stage: str, tables_dir: Path, versions: dict[str, int]) -> None:
     """Stage in progress, and how old the newest training_samples row at the version read is."""
     import polars as pl
 
+    from processors.queries import success_by_task_and_version
     from processors.tables import TRAINING_SAMPLES, table_uri
 
     STAGE.clear()
@@ -42,6 +49,8 @@ def training_started(stage: str, tables_dir: Path, versions: dict[str, int]) -> 
     )
     if newest is not None:
         DATA_AGE_SECONDS.set(max(0.0, time.time() - newest))
+    for row in success_by_task_and_version(tables_dir):
+        LIVE_SUCCESS.labels(row["task"], row["model_version"]).set(row["success_rate"])
 
 
 def published(stage: str, version: str, at: float, evals: dict[str, float]) -> None:

@@ -46,3 +46,17 @@ def episode_stats(tables_dir: Path, client_prefix: str = "") -> dict:
             for row in frame.iter_rows(named=True)
         },
     }
+
+
+def success_by_task_and_version(tables_dir: Path) -> list[dict]:
+    """[{"task", "model_version", "episodes", "success_rate"}] over every episode in the table."""
+    episodes = _scan(tables_dir, EPISODES)
+    if episodes is None:
+        return []
+    return (
+        episodes.group_by("task", "model_version")
+        .agg(pl.len().alias("episodes"), pl.col("success").cast(pl.Float64).mean().alias("success_rate"))
+        .sort("task", "model_version")
+        .collect()
+        .to_dicts()
+    )

@@ -102,7 +102,7 @@ def test_every_dashboard_query_returns_data_from_a_demo_run(demo_run, tmp_path):
     with running_prometheus(workdir) as prometheus:
         empty = []
         for dashboard, title, expr in _panel_queries():
-            series = query_range(prometheus.url, expr, obs["start"], obs["end"], 2.0)
+            series = query_range(prometheus.url, expr, obs["start"], obs["end"], 1.0)  # = the scrape interval
             values = [v for s in series for _, v in s["values"] if v not in ("NaN", "+Inf", "-Inf")]
             if not values:
                 empty.append(f"{dashboard} / {title}: {expr}")
