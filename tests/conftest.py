@@ -19,23 +19,29 @@ from streams import broker
 SHARED_HOME = Path.home() / ".cache" / "flywheel"
 
 
+def isolated_broker_settings(home: Path, prefix: str, **overrides) -> Settings:
+    """Settings of a local broker of a test's own: own home (jars shared), free ports, unique topic prefix."""
+    if shutil.which("java") is None:
+        pytest.fail("java is not installed: the Kafka broker needs Java 17+ (ops/setup.sh installs it)")
+    settings = Settings(
+        home=home,
+        data_dir=home / "data",
+        kafka_port=_free_port_pair(),
+        topic_prefix=f"{prefix}-{uuid.uuid4().hex[:8]}",
+        bootstrap_servers="",
+        **overrides,
+    )
+    _link_shared_jars(settings)
+    return settings
+
+
 @pytest.fixture(scope="session")
 def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """Settings of a broker started for this session: own home, free ports, unique topic prefix.
 
     FLYWHEEL_* variables point at it while the session runs, so processes started by tests use it too.
     """
-    if shutil.which("java") is None:
-        pytest.fail("java is not installed: the Kafka broker needs Java 17+ (ops/setup.sh installs it)")
-    home = tmp_path_factory.mktemp("flywheel-home")
-    settings = Settings(
-        home=home,
-        data_dir=home / "data",
-        kafka_port=_free_port_pair(),
-        topic_prefix=f"test-{uuid.uuid4().hex[:8]}",
-        bootstrap_servers="",
-    )
-    _link_shared_jars(settings)
+    settings = isolated_broker_settings(tmp_path_factory.mktemp("flywheel-home"), "test")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("FLYWHEEL_HOME", str(settings.home))
         env.setenv("FLYWHEEL_DATA_DIR", str(settings.data_dir))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from schemas import encode_event
 from streams import broker
 from streams.faust_app import auth_options
 from streams.topics import topics_for
-from tests.conftest import _free_port_pair, _link_shared_jars
+from tests.conftest import isolated_broker_settings
 from tests.factories import step_event
 
 SECRET_PART = uuid.uuid4().hex  # what must appear in no log; the password around it exercises the config quoting
@@ -34,22 +33,15 @@ PASSWORD = f'Fly"wheel\\{SECRET_PART}é'
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """A separate local broker whose client listener requires SCRAM over SASL_PLAINTEXT."""
-    if shutil.which("java") is None:
-        pytest.fail("java is not installed: the Kafka broker needs Java 17+ (ops/setup.sh installs it)")
-    home = tmp_path_factory.mktemp("flywheel-secure")
-    settings = Settings(
-        home=home,
-        data_dir=home / "data",
-        kafka_port=_free_port_pair(),
-        topic_prefix=f"sec-{uuid.uuid4().hex[:8]}",
-        bootstrap_servers="",
+    settings = isolated_broker_settings(
+        tmp_path_factory.mktemp("flywheel-secure"),
+        "sec",
         listen_host="127.0.0.1",
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism="SCRAM-SHA-256",
         sasl_username="flywheel-test",
         sasl_password=PASSWORD,
     )
-    _link_shared_jars(settings)
     broker.up(settings)
     try:
         yield settings
