@@ -4,6 +4,7 @@ and swaps it in only at an episode boundary, keeping the old model on any failur
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from schemas import EventDecodeError, ModelVersionEvent, decode_event
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_S = 10.0  # a transient refusal (artifact or key not there yet) is retried after this
 
 
 class ModelVersionWatcher:
@@ -70,11 +72,14 @@ class ModelSwapper:
         self.trusted_dir = trusted_dir  # None: accept unsigned models (settings.require_signed_models off)
         self.current = current
         self.rejected: set[str] = set()
+        self.retry_at: dict[str, float] = {}
 
     def maybe_swap(self, timeout_ms: int = 0) -> Policy | None:
         latest = self.watcher.poll(timeout_ms)
         if latest is None or latest.version in self.rejected:
             return self.current
+        if time.monotonic() < self.retry_at.get(latest.version, 0.0):
+            return self.current  # the artifact or its key may appear later: try again after a pause
         if self.current is not None and latest.version == self.current.version:
             return self.current
         try:
@@ -84,8 +89,11 @@ class ModelSwapper:
             policy = self.load(str(path), latest.version)
         except (ModelRejected, OSError, RuntimeError) as error:
             log.error("refusing model %s, keeping %s: %s", latest.version, self._current_version(), error)
-            self.rejected.add(latest.version)
             metrics.MODEL_SWAPS.labels("rejected").inc()
+            if getattr(error, "permanent", not isinstance(error, OSError)):
+                self.rejected.add(latest.version)  # a bad checksum or signature never gets better
+            else:
+                self.retry_at[latest.version] = time.monotonic() + RETRY_AFTER_S
             return self.current
         log.warning("model %s -> %s", self._current_version(), latest.version)
         if self.current is not None:

@@ -44,9 +44,25 @@ class Spool:
         self.log_path = directory / "spool.log"
         self.cursor_path = directory / "cursor"
         self.lock = threading.Lock()
-        self._writer = open(self.log_path, "ab")
         self.cursor = int(self.cursor_path.read_text()) if self.cursor_path.exists() else 0
+        self._recover()
+        self._writer = open(self.log_path, "ab")
         self.pending_records = sum(1 for _ in self._read(self.cursor, None))  # left by an earlier run
+
+    def _recover(self) -> None:
+        """Repair what a crash can leave: a cursor past the end (killed between truncating the log and
+        resetting the cursor) and a half-written last record (killed mid-append)."""
+        if not self.log_path.exists():
+            self.log_path.touch()
+        size = self.log_path.stat().st_size
+        if self.cursor > size:
+            self.cursor = 0
+            self.cursor_path.write_text("0")
+        complete = self.cursor
+        for record in self._read(self.cursor, None):
+            complete = record.end
+        with open(self.log_path, "r+b") as log_file:
+            log_file.truncate(complete)
 
     def size(self) -> int:
         return self._writer.tell()

@@ -15,7 +15,13 @@ from schemas import ModelVersionEvent
 
 
 class ModelRejected(Exception):
-    """An artifact that must not be loaded; the message says why."""
+    """An artifact that must not be loaded; the message says why. `permanent`: the manifest itself is
+    bad (checksum, signature) and will never load; otherwise (artifact not visible yet, signing key
+    not yet trusted) a later attempt may succeed."""
+
+    def __init__(self, message: str, permanent: bool = True):
+        super().__init__(message)
+        self.permanent = permanent
 
 
 def sha256_of(path: Path) -> str:
@@ -53,7 +59,7 @@ def fetch_verified(uri: str, sha256: str) -> Path:
         raise ModelRejected(f"unsupported artifact scheme {parsed.scheme!r} in {uri}")
     path = Path(parsed.path)
     if not path.is_file():
-        raise ModelRejected(f"artifact {uri} does not exist")
+        raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
     actual = sha256_of(path)
     if actual != sha256:
         raise ModelRejected(f"checksum mismatch for {uri}: expected {sha256[:12]}…, got {actual[:12]}…")

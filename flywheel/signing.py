@@ -81,8 +81,12 @@ class TrustedKeys:
     def __init__(self, trusted_dir: Path):
         self.keys: dict[str, Ed25519PublicKey] = {}
         for path in sorted(Path(trusted_dir).glob("*.pub")):
-            public_key = serialization.load_pem_public_key(path.read_bytes())
-            self.keys[key_id(public_key)] = public_key
+            try:
+                public_key = serialization.load_pem_public_key(path.read_bytes())
+            except ValueError:
+                continue  # not a PEM public key: trusts nothing, breaks nothing
+            if isinstance(public_key, Ed25519PublicKey):
+                self.keys[key_id(public_key)] = public_key
 
     def verify(self, event: ModelVersionEvent) -> None:
         """Return if the manifest is signed by a trusted key; ModelRejected saying why otherwise."""
@@ -93,7 +97,7 @@ class TrustedKeys:
         if scheme != SCHEME or not encoded:
             raise ModelRejected(f"model {event.version}: malformed signature field")
         if signer not in self.keys:
-            raise ModelRejected(f"model {event.version} is signed by unknown key {signer}")
+            raise ModelRejected(f"model {event.version} is signed by unknown key {signer}", permanent=False)
         try:
             self.keys[signer].verify(base64.b64decode(encoded), signed_bytes(event))
         except (InvalidSignature, ValueError) as error:

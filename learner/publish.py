@@ -53,11 +53,12 @@ def publish_model(
         lineage=lineage,
     )
     event = msgspec.structs.replace(event, signature=sign(event, load_or_create_key(settings.keys_dir)))
-    write_manifest(event, settings.artifacts_dir, {"model_config": model.cfg.__dict__, **(extra_manifest or {})})
     producer = make_producer(settings, "learner")
     try:
         # keyed by channel: the compacted topic keeps the newest version of each channel
         producer.send(topics_for(settings).model_versions.name, key=channel.encode(), value=encode_event(event)).get(30)
     finally:
         producer.close()
+    # Only a version the fleet can receive becomes "latest" locally (the next run's parent).
+    write_manifest(event, settings.artifacts_dir, {"model_config": model.cfg.__dict__, **(extra_manifest or {})})
     return event

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.canary import latest_by_channel
 from flywheel.observe import await_scrape
 from flywheel.registry import resolve_model
 from flywheel.settings import Settings
@@ -83,9 +84,17 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
 
 
 def _previous(settings: Settings) -> tuple[str, Path | None]:
-    try:
-        _, version = resolve_model("latest", settings.artifacts_dir)
-    except FileNotFoundError:
+    """The version to warm-start from: the newest one, or with a canary stage the stable one (a canary
+    that was rolled back must not become the parent)."""
+    if settings.canary_fraction > 0:
+        stable = latest_by_channel(settings).get("stable")
+        version = stable.version if stable is not None else None
+    else:
+        try:
+            _, version = resolve_model("latest", settings.artifacts_dir)
+        except FileNotFoundError:
+            version = None
+    if version is None:
         return "", None
     manifest = json.loads((settings.artifacts_dir / "manifests" / f"{version}.json").read_text())
     return version, Path(manifest["checkpoint"])

@@ -19,6 +19,7 @@ from faust.types import EventT
 @dataclass
 class Batcher:
     flush: Callable[[list[EventT]], Awaitable[None]]
+    on_failure: Callable[[BaseException], None]  # the batch stays un-acked; the worker must restart
     max_size: int = 500
     max_age_s: float = 1.0
     events: list[EventT] = field(default_factory=list)
@@ -47,6 +48,11 @@ class Batcher:
             events, self.events = self.events, []
             if not events:
                 return
-            await self.flush(events)
+            try:
+                await self.flush(events)
+            except Exception as error:
+                self.events[:0] = events  # never acked, never dropped
+                self.on_failure(error)
+                raise
             for event in events:
                 event.ack()

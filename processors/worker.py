@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import faust
@@ -29,6 +30,15 @@ log = logging.getLogger(__name__)
 BATCH_WITHIN_S = 1.0  # a batch is committed when it holds BATCH_MAX records or its oldest is this old
 
 
+def crash(error: BaseException) -> None:
+    """A batch could not be written: exit at once, acking nothing. faust would restart only the agent
+    and carry on past the lost batch; a new process restarts from Kafka's committed offsets instead,
+    and the Delta offsets drop what was already written."""
+    log.critical("batch write failed, exiting so the batch is re-delivered: %r", error)
+    logging.shutdown()
+    os._exit(70)
+
+
 def build_app(settings: Settings) -> faust.App:
     app = make_app(settings)
     topics = app_topics(app, settings)
@@ -39,10 +49,15 @@ def build_app(settings: Settings) -> faust.App:
         for batcher in batchers:
             await batcher.flush_if_due()
 
-    async def dead_letter(dead) -> None:
+    async def dead_letter(dead) -> list:
+        """Send dead letters; return the delivery futures (await them before committing offsets)."""
+        sent = []
         for message, error in dead:
-            await topics["dead_letters"].send(value=message.value, headers=dead_letter_headers(message, error))
+            sent.append(
+                await topics["dead_letters"].send(value=message.value, headers=dead_letter_headers(message, error))
+            )
             metrics.DEAD_LETTERS.labels(error.reason).inc()
+        return sent
 
     @app.agent(topics["steps"])
     async def ingest_steps(stream):
@@ -52,12 +67,14 @@ def build_app(settings: Settings) -> faust.App:
         async def write_steps(events) -> None:
             batch = step_records((event.message for event in events), settings.max_screenshot_bytes)
             fresh = batch.keep_only(await asyncio.to_thread(sink.not_yet_written, batch.records))
-            # Dead letters and finished episodes go out before the commit: a crash in between re-sends
-            # them (the episodes sink drops repeats) rather than losing them.
-            await dead_letter(fresh.dead.values())
+            # Dead letters and finished episodes reach Kafka before the commit (faust's send only buffers,
+            # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
+            # rather than losing them.
+            sent = await dead_letter(fresh.dead.values())
             for episode in await asyncio.to_thread(assembler.observe, list(fresh.steps.values())):
-                await topics["episodes"].send(key=episode.episode_id.encode(), value=encode_event(episode))
+                sent.append(await topics["episodes"].send(key=episode.episode_id.encode(), value=encode_event(episode)))
                 metrics.count_episode(episode.task, episode.success, episode.model_version)
+            await asyncio.gather(*sent)
             await _commit(sink, fresh.records)
             committed_at = time.time()
             for step in fresh.steps.values():
@@ -67,7 +84,7 @@ def build_app(settings: Settings) -> faust.App:
             metrics.EVENTS.labels("steps", "dead_letter").inc(len(fresh.dead))
             metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh.records))
 
-        batcher = Batcher(write_steps, BATCH_MAX, BATCH_WITHIN_S)
+        batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S)
         batchers.append(batcher)
         async for event in stream.noack().events():
             await batcher.add(event)
@@ -80,7 +97,7 @@ def build_app(settings: Settings) -> faust.App:
 
         async def write_episodes(events) -> None:
             episodes, samples, dead = episode_records(event.message for event in events)
-            await dead_letter(dead)
+            await asyncio.gather(*await dead_letter(dead))
             for sink, seen, records in (
                 (episodes_sink, episodes_seen, episodes),
                 (samples_sink, samples_seen, samples),
@@ -90,7 +107,7 @@ def build_app(settings: Settings) -> faust.App:
             metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events) - len(dead))
 
-        batcher = Batcher(write_episodes, BATCH_MAX, BATCH_WITHIN_S)
+        batcher = Batcher(write_episodes, crash, BATCH_MAX, BATCH_WITHIN_S)
         batchers.append(batcher)
         async for event in stream.noack().events():
             await batcher.add(event)

@@ -45,3 +45,33 @@ def test_repeats_within_a_batch_are_written_once(tmp_path):
     assert sink.write(records([0, 1, 2]) + records([1, 2, 3])) == 4
     offsets = DeltaTable(str(tmp_path / STEPS)).to_pyarrow_table(columns=["kafka_offset"]).column(0).to_pylist()
     assert sorted(offsets) == [0, 1, 2, 3]
+
+
+def test_a_failed_batch_write_is_neither_acked_nor_dropped():
+    import asyncio
+
+    import pytest
+
+    from processors.batching import Batcher
+
+    class Event:
+        acked = False
+
+        def ack(self):
+            self.acked = True
+
+    async def failing_flush(events):
+        raise OSError("disk full")
+
+    failures = []
+    batcher = Batcher(failing_flush, failures.append, max_size=2)
+    events = [Event(), Event()]
+
+    async def run():
+        await batcher.add(events[0])
+        with pytest.raises(OSError):
+            await batcher.add(events[1])
+
+    asyncio.run(run())
+    assert [type(f) for f in failures] == [OSError]
+    assert batcher.events == events and not any(e.acked for e in events)

@@ -61,13 +61,16 @@ def test_client_swaps_verified_versions_and_refuses_untrusted_ones(kafka_setting
     refused = {
         "sft-0002": dict(uri=uri_c, sha256=sha_a, key=learner_key),  # digest does not match the file
         "sft-0003": dict(uri=uri_c, sha256=sha_c, key=None),  # unsigned
-        "sft-0004": dict(uri=uri_c, sha256=sha_c, key=stranger_key),  # unknown key
+        "sft-0004": dict(uri=uri_c, sha256=sha_c, key=stranger_key),  # unknown key (retried later, not loaded)
         "sft-0005": dict(uri=uri_c, sha256=sha_c, key=learner_key, tamper=True),  # bad signature
     }
     for version, how in refused.items():
         publish(settings, version, **how)
-        _poll_until(swapper, lambda p, v=version: v in swapper.rejected)
+        _poll_until(swapper, lambda p, v=version: v in swapper.rejected or v in swapper.retry_at)
         assert swapper.current.version == "sft-0001", version  # the fleet keeps the previous model
+
+    assert {"sft-0002", "sft-0003", "sft-0005"} <= swapper.rejected  # bad checksum, unsigned, bad signature
+    assert "sft-0004" in swapper.retry_at and "sft-0004" not in swapper.rejected  # its key may be trusted later
 
     publish(settings, "sft-0006", uri_c, sha_c, learner_key)
     assert _poll_until(swapper, lambda p: p.version == "sft-0006").path.endswith(f"{sha_c}.onnx")

@@ -81,3 +81,15 @@ def test_edge_client_keeps_acting_while_the_broker_is_down_and_delivers_everythi
     assert len({s.event_id for s in steps}) == len(steps)  # nothing duplicated
     for log in logs.values():  # each partition holds its events in the order the client acted
         assert [s.produced_at for s in log] == sorted(s.produced_at for s in log)
+
+
+def test_spool_repairs_a_stale_cursor_and_a_torn_record(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.append("t", b"k", b"kept")
+    spool.close()
+    (tmp_path / "cursor").write_text("5000")  # killed after truncating the log, before resetting the cursor
+    with open(tmp_path / "spool.log", "ab") as log_file:
+        log_file.write(b"\x00\x00\x00\x01\x00\x00")  # killed half-way through an append
+    reopened = Spool(tmp_path, max_bytes=1 << 20)
+    reopened.append("t", b"k", b"next")
+    assert [r.value for r in reopened.pending(10)] == [b"kept", b"next"]
