@@ -61,14 +61,6 @@ class Settings(BaseSettings):
     ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS; optional.")
     ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of ssl_certfile; optional.")
 
-    @model_validator(mode="after")
-    def _sasl_needs_credentials(self) -> Settings:
-        if self.uses_sasl and not (self.sasl_username and self.sasl_password.get_secret_value()):
-            raise ValueError(
-                f"security_protocol {self.security_protocol} needs FLYWHEEL_SASL_USERNAME and FLYWHEEL_SASL_PASSWORD"
-            )
-        return self
-
     edge_spool_max_bytes: int = Field(
         256 * 1024 * 1024, description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged."
     )
@@ -78,6 +70,14 @@ class Settings(BaseSettings):
     canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
     canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> Settings:
+        if self.uses_sasl and not (self.sasl_username and self.sasl_password.get_secret_value()):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs FLYWHEEL_SASL_USERNAME and FLYWHEEL_SASL_PASSWORD"
+            )
+        return self
 
     @property
     def keys_dir(self) -> Path:
