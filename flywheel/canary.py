@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-import polars as pl
 from kafka import TopicPartition
 
 from flywheel.kafka_clients import make_consumer, make_producer
 from flywheel.settings import Settings
-from processors.tables import EPISODES, table_uri
+from processors.queries import episodes_by_version
 from schemas import (
     EventDecodeError,
     ModelVersionEvent,
@@ -85,16 +84,9 @@ def latest_by_channel(settings: Settings, timeout_s: float = 60.0) -> dict[str, 
 
 def live_success(tables_dir: Path) -> dict[str, LiveSuccess]:
     """Episodes and successes per model_version in the `episodes` table."""
-    uri = table_uri(tables_dir, EPISODES)
-    if not (Path(uri) / "_delta_log").is_dir():
-        return {}
-    frame = (
-        pl.scan_delta(uri)
-        .group_by("model_version")
-        .agg(pl.len().alias("episodes"), pl.col("success").sum().alias("successes"))
-        .collect()
-    )
-    return {row["model_version"]: LiveSuccess(row["episodes"], row["successes"]) for row in frame.iter_rows(named=True)}
+    return {
+        row["model_version"]: LiveSuccess(row["episodes"], row["successes"]) for row in episodes_by_version(tables_dir)
+    }
 
 
 def publish_channel(settings: Settings, event: ModelVersionEvent, channel: str) -> None:

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import polars as pl
 
+from processors.queries import scan_table
 from processors.scoring import EpisodeProgress, score_episode
-from processors.tables import STEPS, table_uri
+from processors.tables import STEPS
 from schemas import EpisodeEvent, StepEvent
 
 
 class EpisodeAssembler:
     def __init__(self, tables_dir: Path, max_open: int = 100_000):
-        self.steps_uri = table_uri(tables_dir, STEPS)
+        self.tables_dir = tables_dir
         self.max_open = max_open  # episodes abandoned mid-way by a dead client must not grow memory forever
         self.open: dict[str, EpisodeProgress] = {}
 
@@ -43,14 +44,10 @@ class EpisodeAssembler:
 
     def _recall(self, episode_id: str, progress: EpisodeProgress) -> None:
         """Fill in the steps committed before this process saw the episode."""
-        if not (Path(self.steps_uri) / "_delta_log").is_dir():
+        steps = scan_table(self.tables_dir, STEPS)
+        if steps is None:
             return
-        earlier = (
-            pl.scan_delta(self.steps_uri)
-            .filter(pl.col("episode_id") == episode_id)
-            .select("step", "verify_ok", "produced_at")
-            .collect()
-        )
+        earlier = steps.filter(pl.col("episode_id") == episode_id).select("step", "verify_ok", "produced_at").collect()
         for row in earlier.iter_rows(named=True):
             progress.verified.setdefault(row["step"], row["verify_ok"])
         if earlier.height:

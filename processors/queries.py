@@ -9,7 +9,7 @@ import polars as pl
 from processors.tables import EPISODES, STEPS, table_uri
 
 
-def _scan(tables_dir: Path, table: str) -> pl.LazyFrame | None:
+def scan_table(tables_dir: Path, table: str) -> pl.LazyFrame | None:
     """The table, or None before its first commit."""
     uri = table_uri(tables_dir, table)
     if not (Path(uri) / "_delta_log").is_dir():
@@ -18,7 +18,7 @@ def _scan(tables_dir: Path, table: str) -> pl.LazyFrame | None:
 
 
 def step_count(tables_dir: Path, client_prefix: str = "") -> int:
-    steps = _scan(tables_dir, STEPS)
+    steps = scan_table(tables_dir, STEPS)
     if steps is None:
         return 0
     return steps.filter(pl.col("client_id").str.starts_with(client_prefix)).select(pl.len()).collect().item()
@@ -26,7 +26,7 @@ def step_count(tables_dir: Path, client_prefix: str = "") -> int:
 
 def episode_stats(tables_dir: Path, client_prefix: str = "") -> dict:
     """{"episodes", "success_rate", "per_task": {task: {"episodes", "success_rate"}}} of matching episodes."""
-    episodes = _scan(tables_dir, EPISODES)
+    episodes = scan_table(tables_dir, EPISODES)
     if episodes is None:
         return {"episodes": 0, "success_rate": 0.0, "per_task": {}}
     frame = (
@@ -50,13 +50,26 @@ def episode_stats(tables_dir: Path, client_prefix: str = "") -> dict:
 
 def success_by_task_and_version(tables_dir: Path) -> list[dict]:
     """[{"task", "model_version", "episodes", "success_rate"}] over every episode in the table."""
-    episodes = _scan(tables_dir, EPISODES)
+    episodes = scan_table(tables_dir, EPISODES)
     if episodes is None:
         return []
     return (
         episodes.group_by("task", "model_version")
         .agg(pl.len().alias("episodes"), pl.col("success").cast(pl.Float64).mean().alias("success_rate"))
         .sort("task", "model_version")
+        .collect()
+        .to_dicts()
+    )
+
+
+def episodes_by_version(tables_dir: Path) -> list[dict]:
+    """[{"model_version", "episodes", "successes"}] over every episode in the table."""
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is None:
+        return []
+    return (
+        episodes.group_by("model_version")
+        .agg(pl.len().alias("episodes"), pl.col("success").sum().alias("successes"))
         .collect()
         .to_dicts()
     )
