@@ -37,3 +37,14 @@ class Policy(Protocol):
     version: str  # model_version recorded on every step ("expert" for scripted oracles)
 
     def act(self, obs: Observation) -> Decision: ...
+
+
+def load_policy(path, version: str, intra_op_threads: int = 1) -> Policy:
+    """A model file as a Policy: a `.vla` bundle (the VLA) or a single ONNX graph (the small pixel policy)."""
+    from edge_client.vla_runtime import VLAPolicy, is_bundle
+
+    if is_bundle(path):
+        return VLAPolicy(path, version, intra_op_threads=intra_op_threads)
+    from edge_client.onnx_policy import OnnxPolicy
+
+    return OnnxPolicy(path, version, intra_op_threads=intra_op_threads)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 from edge_client import metrics
 from edge_client.env import GuiEnv
-from edge_client.policy import Observation, Policy
+from edge_client.policy import Decision, Observation, Policy
 from edge_client.preprocess import encode_png
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
 from edge_client.verify import verify_step
 from flywheel.kafka_clients import make_producer
 from flywheel.observe import await_scrape, serve_metrics
 from flywheel.settings import Settings
-from schemas import StepEvent, decode_event, encode_event, new_event_id
+from schemas import Action, StepEvent, decode_event, encode_event, new_event_id
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
@@ -132,14 +132,22 @@ def run_episode(
     obs: Observation = env.reset(seed=seed, task=task)
     for step in range(config.max_steps):
         started = time.perf_counter()
-        decision = policy.act(obs)  # think
+        try:
+            decision = policy.act(obs)  # think
+            gave_up = False
+        except LookupError as err:
+            # A scripted expert met a screen it cannot read (e.g. a widget missing from the DOM snapshot).
+            # The episode ends here as a failure, recorded as such, and the client goes on with the next.
+            log.warning("%s step %d: %s gave up: %s", episode_id, step, policy.version, err)
+            decision = Decision(thought=f"Giving up: {err}.", action=Action(type="noop"))
+            gave_up = True
         thought_s = time.perf_counter() - started
         metrics.observe_decision(policy.version, decision.extras, thought_s)
         result = env.step(decision.action)  # act
         acted_s = time.perf_counter() - started - thought_s
         verify = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
         verify_s = time.perf_counter() - started - thought_s - acted_s
-        out_of_steps = not result.done and step == config.max_steps - 1
+        out_of_steps = not result.done and (gave_up or step == config.max_steps - 1)
         done = result.done or out_of_steps
         reward = -1.0 if out_of_steps else result.reward
         publish(
@@ -182,14 +190,14 @@ def _policy_source(config: EdgeConfig, settings: Settings):
     if config.policy != "model":
         raise ValueError(f"policy must be 'expert' or 'model', got {config.policy!r}")
     from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
-    from edge_client.onnx_policy import OnnxPolicy
+    from edge_client.policy import load_policy
     from flywheel.canary import channel_for
 
     channel = config.channel or channel_for(config.client_id, settings.canary_fraction)
 
     swapper = ModelSwapper(
         ModelVersionWatcher(settings, config.client_id, channel),
-        lambda path, version: OnnxPolicy(path, version, intra_op_threads=config.intra_op_threads),
+        lambda path, version: load_policy(path, version, intra_op_threads=config.intra_op_threads),
         settings.keys_dir / "trusted" if settings.require_signed_models else None,
     )
     deadline = time.monotonic() + config.wait_for_model_s

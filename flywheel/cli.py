@@ -6,15 +6,11 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from flywheel.settings import TIER1_TASKS, get_settings
-
-
-def _tasks(value: str) -> tuple[str, ...]:
-    if value == "tier1":
-        return TIER1_TASKS
-    return tuple(t.strip() for t in value.split(",") if t.strip())
+from flywheel.settings import get_settings
+from flywheel.settings import parse_tasks as _tasks
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -87,6 +83,31 @@ def cmd_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demonstrations(args: argparse.Namespace) -> int:
+    from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+
+    config = DemonstrationsConfig(
+        out=Path(args.out),
+        tasks=_tasks(args.tasks),
+        episodes_per_task=args.episodes_per_task,
+        clients=args.clients,
+        seed=args.seed,
+    )
+    report = collect_demonstrations(config, get_settings())
+    print(json.dumps({k: report[k] for k in ("episodes", "steps", "success_rate", "table_versions")}))
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from flywheel.registry import RELEASE_DIR
+    from learner.release import run_release
+
+    release_dir = Path(args.release_dir) if args.release_dir else RELEASE_DIR
+    manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings())
+    print(json.dumps({k: manifest[k] for k in ("version", "sha256", "training", "wall_s")}))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from edge_client.evaluate import evaluate
 
@@ -96,11 +117,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         policy_for_task = expert_for
     else:
-        from edge_client.onnx_policy import OnnxPolicy
+        from edge_client.policy import load_policy
         from flywheel.registry import resolve_model
 
         path, version = resolve_model(args.model, settings.artifacts_dir)
-        model = OnnxPolicy(path, version, intra_op_threads=args.threads)
+        model = load_policy(path, version, intra_op_threads=args.threads)
+        if args.keep_ratio is not None:
+            model.runtime.pruning = replace(model.runtime.pruning, keep_ratio=args.keep_ratio)
 
         def policy_for_task(_task: str):
             return model
@@ -171,6 +194,20 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from flywheel.bench_pipeline import BenchConfig, run_bare_consumer, run_bench
 
+    if args.what == "edge":
+        from flywheel import bench_edge
+        from flywheel.registry import RELEASE_DIR
+
+        edge_config = bench_edge.EdgeBenchConfig(
+            model_dir=Path(args.model_dir) if args.model_dir else RELEASE_DIR,
+            out=Path(args.out),
+            screens_per_task=args.screens_per_task,
+            repeats=args.repeats,
+            threads=args.threads,
+        )
+        print(bench_edge.format_report(bench_edge.run_bench(edge_config)))
+        print(f"wrote {Path(args.out) / 'edge_bench.json'}")
+        return 0
     if args.what == "bare-consumer":  # the baseline consumer process the pipeline benchmark starts
         run_bare_consumer(get_settings())
         return 0
@@ -224,14 +261,29 @@ def build_parser() -> argparse.ArgumentParser:
     learn.set_defaults(func=cmd_learn)
 
     ev = sub.add_parser("eval", help="success rate per task with the binary reward")
-    ev.add_argument("--model", default="latest", help="ONNX path, version id, or 'latest'")
+    ev.add_argument("--model", default="latest", help="model file, version id, 'latest' or 'release' (committed VLA)")
     ev.add_argument("--policy", choices=["model", "expert"], default="model")
     ev.add_argument("--tasks", default="tier1")
     ev.add_argument("--episodes", type=int, default=50)
     ev.add_argument("--seed", type=int, default=1_000_000, help="first seed (training runs use small seeds)")
     ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--keep-ratio", type=float, default=None, help="VLA: visual-token keep ratio (default: bundle's)")
     ev.add_argument("--out", required=True)
     ev.set_defaults(func=cmd_eval)
+
+    dem = sub.add_parser("demonstrations", help="expert demonstrations on the suite, through Kafka into Delta")
+    dem.add_argument("--out", default="runs/demonstrations")
+    dem.add_argument("--tasks", default="suite", help="'suite' (Tier 1 + 2), 'tier1', 'tier2' or task ids")
+    dem.add_argument("--episodes-per-task", type=int, default=100, help="per client")
+    dem.add_argument("--clients", type=int, default=2)
+    dem.add_argument("--seed", type=int, default=0)
+    dem.set_defaults(func=cmd_demonstrations)
+
+    rel = sub.add_parser("release", help="demonstrations -> VLA SFT -> release/ (reproducible; resumes)")
+    rel.add_argument("--config", default="configs/vla_release.json")
+    rel.add_argument("--work", default="runs/release", help="demonstrations, checkpoints and logs")
+    rel.add_argument("--release-dir", default=None, help="where model.vla + manifest.json go (default: ./release)")
+    rel.set_defaults(func=cmd_release)
 
     canary = sub.add_parser("canary", help="promote or roll back the canary version by live success")
     canary.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
@@ -264,12 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--json", action="store_true")
     dlq.set_defaults(func=cmd_dlq)
 
-    bench = sub.add_parser("bench", help="benchmarks: `pipeline` (faust vs a bare consumer into Delta)")
-    bench.add_argument("what", choices=["pipeline", "bare-consumer"])
+    bench = sub.add_parser("bench", help="benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step)")
+    bench.add_argument("what", choices=["pipeline", "edge", "bare-consumer"])
     bench.add_argument("--events", type=int, default=20_000, help="steps per phase (backlog drain, offered load)")
     bench.add_argument("--rate", type=float, default=1000.0, help="offered steps/s of the latency phase")
     bench.add_argument("--client-steps-per-s", type=float, default=10.0, help="one edge client's steps/s")
     bench.add_argument("--out", default="runs/bench")
+    bench.add_argument(
+        "--model-dir", default=None, help="edge: model.vla, model-int8.vla, model.pt (default ./release)"
+    )
+    bench.add_argument("--screens-per-task", type=int, default=4, help="edge: Tier 1 screens per task")
+    bench.add_argument("--repeats", type=int, default=2, help="edge: timed passes over the screens")
+    bench.add_argument("--threads", type=int, default=1, help="edge: intra-op threads of every variant")
     bench.set_defaults(func=cmd_bench)
     return parser
 

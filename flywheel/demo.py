@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.fleet import FleetRun, run_fleet, say
 from flywheel.observe import demo_observability
 from flywheel.plots import write_plots
-from flywheel.processes import Child, wait_until
+from flywheel.processes import Child
 from flywheel.settings import TIER1_TASKS, Settings
-from processors.queries import episode_stats, step_count
 from streams.broker import ensure_topics, running_broker
 
 
@@ -42,10 +42,6 @@ class DemoConfig:
     """Start a local Prometheus (when installed) that scrapes every process; plots and status read it."""
     prometheus_port: int = 0
     """Its port on 127.0.0.1 (0: a free one)."""
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:
@@ -95,53 +91,24 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
 
 def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, worker: Child, env: dict) -> dict:
     policy = "expert" if turn == 1 else "model"
-    prefix = f"t{turn}-"
     say(f"turn {turn}: {config.clients} clients run the {policy} policy on {len(config.tasks)} tasks")
-    turn_started = time.monotonic()
-    summaries = [config.out / f"turn{turn}-client{k}.json" for k in range(config.clients)]
-    clients = [
-        Child(
-            f"turn{turn}-client{k}",
-            [
-                "edge",
-                "--client-id", f"{prefix}c{k}",
-                "--tasks", ",".join(config.tasks),
-                "--episodes", str(config.episodes_per_task),
-                "--policy", policy,
-                "--seed", str(turn * 10_000 + k * 1_000),
-                "--summary", str(summaries[k]),
-            ],
-            logs,
-            env,
-        )
-        for k in range(config.clients)
-    ]  # fmt: skip
-    try:
-        _watch_clients(clients, worker, settings, prefix)
-    finally:
-        for client in clients:
-            client.stop()
-    failed = [c.name for c in clients if c.proc.returncode != 0]
-    if failed:
-        raise RuntimeError(f"edge clients failed: {failed}\n" + "\n".join(c.tail() for c in clients))
-    client_summaries = [json.loads(path.read_text()) for path in summaries]
-    published = sum(s["steps_published"] for s in client_summaries)
-    episodes_run = sum(s["episodes"] for s in client_summaries)
-    fleet_versions = sorted({v for s in client_summaries for v in s["model_versions"]})
-
-    say(f"turn {turn}: {published} steps published; waiting for the pipeline to land them in Delta")
-    in_delta = wait_until(
-        lambda: (n := step_count(settings.tables_dir, prefix)) >= published and n,
-        config.drain_timeout_s,
-        what=f"{published} steps of turn {turn} in Delta",
+    fleet = run_fleet(
+        FleetRun(
+            name=f"turn{turn}",
+            prefix=f"t{turn}-",
+            clients=config.clients,
+            tasks=config.tasks,
+            episodes_per_task=config.episodes_per_task,
+            policy=policy,
+            seed=turn * 10_000,
+            drain_timeout_s=config.drain_timeout_s,
+        ),
+        settings, config.out, logs, worker, env,
+    )  # fmt: skip
+    say(
+        f"turn {turn}: {fleet.steps_in_delta} steps, {fleet.episodes} episodes in Delta, "
+        f"success {fleet.success_rate:.2f}"
     )
-    stats = wait_until(
-        lambda: (s := episode_stats(settings.tables_dir, prefix))["episodes"] >= episodes_run and s,
-        config.drain_timeout_s,
-        what=f"{episodes_run} episodes of turn {turn} in Delta",
-    )
-    fleet_s = time.monotonic() - turn_started
-    say(f"turn {turn}: {in_delta} steps, {stats['episodes']} episodes in Delta, success {stats['success_rate']:.2f}")
 
     steps = config.sft_steps if turn == 1 else config.finetune_steps
     say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
@@ -160,30 +127,17 @@ def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, work
     )
     return {
         "turn": turn,
-        "model_version": ",".join(fleet_versions),
+        "model_version": ",".join(fleet.model_versions),
         "published_version": learned["version"],
-        "episodes": stats["episodes"],
-        "steps_published": published,
-        "steps_in_delta": in_delta,
-        "success_rate": stats["success_rate"],
-        "per_task": stats["per_task"],
+        "episodes": fleet.episodes,
+        "steps_published": fleet.steps_published,
+        "steps_in_delta": fleet.steps_in_delta,
+        "success_rate": fleet.success_rate,
+        "per_task": fleet.per_task,
         "learner": learned,
-        "fleet_wall_s": round(fleet_s, 1),
+        "fleet_wall_s": fleet.wall_s,
         "learner_wall_s": round(time.monotonic() - learn_started, 1),
     }
-
-
-def _watch_clients(clients: list[Child], worker: Child, settings: Settings, prefix: str) -> None:
-    """Wait for the clients, printing progress; fail fast if the processors die."""
-    last = 0.0
-    while any(c.running() for c in clients):
-        if not worker.running():
-            raise RuntimeError(f"the faust worker died:\n{worker.tail()}")
-        if time.monotonic() - last > 15:
-            last = time.monotonic()
-            running = sum(c.running() for c in clients)
-            say(f"  {running} clients running, {step_count(settings.tables_dir, prefix)} steps in Delta so far")
-        time.sleep(1)
 
 
 def _write(path: Path, report: dict, started: float) -> None:

@@ -66,11 +66,18 @@ def fetch_verified(uri: str, sha256: str) -> Path:
     return path
 
 
+RELEASE_DIR = Path(__file__).resolve().parents[1] / "release"  # the committed release artifact
+
+
 def resolve_model(path_or_version: str, artifacts_dir: Path) -> tuple[Path, str]:
-    """(model path, version) for a file path, a version id, or 'latest'."""
+    """(model path, version) for a file path, a version id, 'latest', or 'release' (RELEASE_DIR/manifest.json)."""
     candidate = Path(path_or_version)
     if candidate.is_file():
         return candidate, candidate.stem
+    if path_or_version == "release":
+        manifest = json.loads((RELEASE_DIR / "manifest.json").read_text())
+        artifact = RELEASE_DIR / manifest["artifact"]
+        return fetch_verified(artifact.as_uri(), manifest["sha256"]), manifest["version"]
     manifests = artifacts_dir / "manifests"
     if path_or_version == "latest":
         found = sorted(manifests.glob("*.json"), key=lambda p: json.loads(p.read_text())["produced_at"])

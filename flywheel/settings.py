@@ -22,6 +22,36 @@ TIER1_TASKS: tuple[str, ...] = (
     "focus-text",
     "identify-shape",
 )
+TIER2_TASKS: tuple[str, ...] = (
+    "click-button-sequence",
+    "click-checkboxes",
+    "click-tab",
+    "click-option",
+    "click-collapsible",
+    "click-widget",
+    "enter-text",
+    "enter-password",
+    "login-user",
+    "use-autocomplete",
+    "grid-coordinate",
+    "navigate-tree",
+    "choose-list",
+    "enter-date",
+    "search-engine",
+    "email-inbox",
+)
+SUITE_TASKS: tuple[str, ...] = TIER1_TASKS + TIER2_TASKS  # ../shared/miniwob_suite.md: the only tasks we train on
+TASK_ALIASES: dict[str, tuple[str, ...]] = {"tier1": TIER1_TASKS, "tier2": TIER2_TASKS, "suite": SUITE_TASKS}
+
+
+def parse_tasks(value: str) -> tuple[str, ...]:
+    """'tier1' | 'tier2' | 'suite' | comma-separated task ids (aliases may be mixed in) -> task ids in order."""
+    tasks: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        for task in TASK_ALIASES.get(part, (part,) if part else ()):
+            if task not in tasks:
+                tasks.append(task)
+    return tuple(tasks)
 
 
 class Settings(BaseSettings):

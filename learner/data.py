@@ -9,7 +9,9 @@ from deltalake import DeltaTable
 
 from processors.tables import STEPS, TRAINING_SAMPLES, table_uri
 
-SFT_COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "action_type", "x", "y", "text", "key"]
+SFT_COLUMNS = [
+    "episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y", "text", "key"
+]  # fmt: skip
 
 
 def table_versions(tables_dir: Path) -> dict[str, int]:

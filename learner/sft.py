@@ -199,8 +199,10 @@ class _Dataset:
         return torch.from_numpy(images), torch.from_numpy(self.ids[idx]), targets
 
 
-def _lr_at(step: int, cfg: SFTConfig) -> float:
-    """Learning rate for 0-based `step`: linear warm-up, then cosine to min_lr_ratio * lr."""
+def lr_at(step: int, cfg) -> float:
+    """Learning rate for 0-based `step`: linear warm-up, then cosine to min_lr_ratio * lr.
+
+    `cfg` is any config with lr, warmup_steps, steps and min_lr_ratio (SFTConfig, VLATrainConfig)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
@@ -275,7 +277,7 @@ def train_sft(
     model.train()
     t0 = time.perf_counter()
     for step in range(start_step, config.steps):
-        lr = _lr_at(step, config)
+        lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
         idx = rng.integers(0, len(data), size=config.batch_size)

@@ -1,0 +1,180 @@
+"""The VLA at the edge: onnxruntime encoder + explicit-KV-cache decoder, greedy decoding, no torch.
+
+One step:
+    encoder(image, instruction)        -> patches (N, d), relevance (N,)
+    select_patches(relevance + prior)  -> kept (k,)                       (edge_client.pruning)
+    prefill decoder([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache
+    repeat: token = argmax(logits masked by the action grammar); decoder(wte[token], cache) until <eos>
+    parse tokens -> thought + action
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edge_client.policy import Decision, Observation
+from edge_client.preprocess import POSITIONAL_TYPES, log_softmax, screenshot_to_chw
+from edge_client.pruning import PruningConfig, keep_count, patch_prior, select_patches
+from edge_client.verify import EXPECT_CHANGE, expect_change_near, expect_text
+from edge_client.vla_tokens import ActionTokenizer, Parsed
+
+BUNDLE_FORMAT = "flywheel-vla/1"
+MAX_TEXT_TOKENS = 24  # typed text / key name
+
+
+def is_bundle(path: str | Path) -> bool:
+    return zipfile.is_zipfile(path)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one greedy decode produced."""
+
+    ids: list[int]  # generated target ids, <eos> included
+    action_logprob: float  # sum of log p over the tokens from <act> on: the behaviour log-probability
+    steps: int  # decoder calls after the prefill
+
+
+def greedy_generate(
+    first_logits: np.ndarray,  # (V,) logits after the prefill
+    advance: Callable[[int], np.ndarray],  # feed one token, get the next (V,) logits
+    tok: ActionTokenizer,
+    max_thought_tokens: int,
+    max_new_tokens: int = 64,
+) -> Generation:
+    """Greedy decoding under the action grammar (ActionTokenizer.allowed_next); backend-agnostic."""
+    ids: list[int] = []
+    logits, logprob, in_action = first_logits, 0.0, False
+    while True:
+        allowed = tok.allowed_next(ids, max_thought_tokens, MAX_TEXT_TOKENS)
+        masked = np.where(allowed, logits.astype(np.float64), -np.inf)
+        token = int(np.argmax(masked))
+        in_action = in_action or token == tok.act_id
+        if in_action:
+            logprob += float(log_softmax(masked)[token])
+        ids.append(token)
+        if token == tok.eos_id or len(ids) >= max_new_tokens:
+            return Generation(ids, logprob, len(ids) - 1)
+        logits = advance(token)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    encode_ms: float
+    prefill_ms: float
+    decode_ms: float
+    decode_tokens: int
+    visual_tokens_total: int
+    visual_tokens_kept: int
+
+
+class VLARuntime:
+    """Loads a `.vla` bundle (learner.vla_export) into two onnxruntime sessions."""
+
+    def __init__(self, path: str | Path, intra_op_threads: int = 1, keep_ratio: float | None = None):
+        with zipfile.ZipFile(path) as zf:
+            members = {name: zf.read(name) for name in zf.namelist()}
+        meta = json.loads(members["vla.json"])
+        if meta.get("format") != BUNDLE_FORMAT:
+            raise ValueError(f"{path}: bundle format {meta.get('format')!r}, this client reads {BUNDLE_FORMAT!r}")
+        self.config: dict = meta["model_config"]
+        self.quantized = bool(meta.get("quantized"))
+        pruning = PruningConfig(**meta["pruning"])
+        if keep_ratio is not None:
+            pruning = PruningConfig(**{**meta["pruning"], "keep_ratio": keep_ratio})
+        self.pruning = pruning
+        self.tok = ActionTokenizer.from_json(members["tokenizer.json"].decode())
+        self.wte = np.load(_bytes_io(members["wte.npy"]))  # (V, d)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a shared 2-core box
+        providers = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(members["encoder.onnx"], sess_options=opts, providers=providers)
+        self.decoder = ort.InferenceSession(members["decoder.onnx"], sess_options=opts, providers=providers)
+        self.patch_px = int(self.config["patch_px"])
+        self.num_patches = (210 // self.patch_px) * (160 // self.patch_px)
+        heads, d = int(self.config["n_heads"]), int(self.config["d_model"])
+        self.empty_cache = np.zeros((int(self.config["n_layers"]), 1, heads, 0, d // heads), dtype=np.float32)
+
+    def prompt(self, instruction: str) -> list[int]:
+        return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
+
+    def step(
+        self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None
+    ) -> tuple[Generation, StepTiming]:
+        """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None."""
+        t0 = time.perf_counter()
+        prompt = self.prompt(instruction)
+        instruction_ids = np.array([prompt[1:-1] or [0]], dtype=np.int64)
+        patches, relevance = self.encoder.run(None, {"image": screenshot_to_chw(screenshot)[None],
+                                                     "instruction_ids": instruction_ids})  # fmt: skip
+        prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
+        kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
+        t1 = time.perf_counter()
+        embeds = np.concatenate([patches[0, kept], self.wte[prompt]])[None].astype(np.float32)
+        logits, keys, values = self.decoder.run(None, {"inputs_embeds": embeds, "past_keys": self.empty_cache,
+                                                       "past_values": self.empty_cache})  # fmt: skip
+        t2 = time.perf_counter()
+        cache = [keys, values]
+
+        def advance(token: int) -> np.ndarray:
+            out, cache[0], cache[1] = self.decoder.run(
+                None, {"inputs_embeds": self.wte[[token]][None], "past_keys": cache[0], "past_values": cache[1]}
+            )
+            return out[0]
+
+        gen = greedy_generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]))
+        t3 = time.perf_counter()
+        timing = StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, self.num_patches, len(kept))
+        return gen, timing
+
+
+def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decision:
+    """The runtime's output as a Decision, with what verify should see afterwards."""
+    action = parsed.action
+    if action.type in POSITIONAL_TYPES:
+        expected = expect_change_near(action.x, action.y)
+    elif action.type == "type":
+        expected = expect_text(action.text)
+    else:
+        expected = "" if action.type == "noop" else EXPECT_CHANGE
+    extras = {
+        "visual_tokens_total": timing.visual_tokens_total,
+        "visual_tokens_kept": timing.visual_tokens_kept,
+        "encode_ms": timing.encode_ms,
+        "prefill_ms": timing.prefill_ms,
+        "decode_ms": timing.decode_ms,
+        "decode_tokens": timing.decode_tokens,
+    }
+    return Decision(thought=parsed.thought, action=action, expected=expected, logprob=logprob, extras=extras)
+
+
+class VLAPolicy:
+    """Policy protocol over a VLA bundle. Remembers the previous frame of the episode for pruning."""
+
+    def __init__(self, path: str | Path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None):
+        self.version = version
+        self.runtime = VLARuntime(path, intra_op_threads, keep_ratio)
+        self._previous: np.ndarray | None = None
+
+    def act(self, obs: Observation) -> Decision:
+        previous = self._previous if obs.step > 0 else None
+        self._previous = obs.screenshot
+        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous)
+        return decision_from(self.runtime.tok.parse(gen.ids), gen.action_logprob, timing)
+
+
+def _bytes_io(data: bytes) -> io.BytesIO:
+    return io.BytesIO(data)

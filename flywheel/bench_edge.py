@@ -1,0 +1,186 @@
+"""`flywheel bench edge`: one step of the VLA, four ways, on the same weights and real MiniWoB screens.
+
+    torch_eager   PyTorch eager + transformers `generate`, all 336 visual tokens (the baseline)
+    onnx          onnxruntime, explicit KV cache, all visual tokens
+    onnx_pruned   onnxruntime, visual tokens pruned to the bundle's keep ratio
+    onnx_int8     onnx_pruned with int8 dynamic quantisation
+
+Screens: the first screen of episodes of the Tier 1 tasks, captured from a real browser which is closed
+before any timing. Each variant runs in its own process (so peak RSS is its own), with the same thread
+count, a warm-up pass, then `repeats` timed passes over every screen. Results: DIR/edge_bench.json.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from flywheel.bench_pipeline import percentile
+from flywheel.settings import TIER1_TASKS
+
+VARIANTS = ("torch_eager", "onnx", "onnx_pruned", "onnx_int8")
+
+
+@dataclass(frozen=True)
+class EdgeBenchConfig:
+    model_dir: Path
+    """Holds model.vla, model-int8.vla and model.pt (a release directory)."""
+    out: Path
+    screens_per_task: int = 4
+    repeats: int = 2
+    threads: int = 1
+    seed: int = 2_000_000
+    """Episode seeds of the captured screens (far from training seeds)."""
+
+
+def capture_screens(tasks: tuple[str, ...], per_task: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """(S, 210, 160, 3) uint8 first screens and their instructions, from a real browser."""
+    from edge_client.env import GuiEnv
+
+    screens, instructions = [], []
+    with GuiEnv(tasks[0]) as env:
+        for task in tasks:
+            for i in range(per_task):
+                obs = env.reset(seed=seed + i, task=task)
+                screens.append(obs.screenshot)
+                instructions.append(obs.instruction)
+    return np.stack(screens), instructions
+
+
+def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions: list[str], repeats: int,
+                threads: int) -> dict:  # fmt: skip
+    """Time one variant in this process; returns its figures (called in a fresh subprocess)."""
+    if variant == "torch_eager":
+        import torch
+
+        from learner.vla_infer import torch_step
+        from learner.vla_sft import load_vla
+
+        torch.set_num_threads(threads)
+        model, tok, pruning = load_vla(model_dir / "model.pt")
+        pruning = replace(pruning, keep_ratio=1.0)
+
+        def step(screen, instruction):
+            """(generation, timing, prefill ms, decode-only ms): generate's time less a separate prefill's."""
+            gen, timing = torch_step(model, tok, pruning, screen, instruction, None)
+            prefill = _torch_prefill_ms(model, tok, screen, instruction, pruning)
+            return gen, timing, prefill, timing.decode_ms - prefill
+    else:
+        from edge_client.vla_runtime import VLARuntime
+
+        bundle = model_dir / ("model-int8.vla" if variant == "onnx_int8" else "model.vla")
+        runtime = VLARuntime(bundle, intra_op_threads=threads, keep_ratio=1.0 if variant == "onnx" else None)
+
+        def step(screen, instruction):
+            gen, timing = runtime.step(screen, instruction, None)
+            return gen, timing, timing.prefill_ms, timing.decode_ms
+
+    for screen, instruction in zip(screens, instructions, strict=True):  # warm-up
+        step(screen, instruction)
+    step_ms, prefill_ms, tokens_per_s, actions = [], [], [], []
+    kept = total = 0
+    for _ in range(repeats):
+        for screen, instruction in zip(screens, instructions, strict=True):
+            t0 = time.perf_counter()
+            gen, timing, prefill, decode = step(screen, instruction)
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+            prefill_ms.append(prefill)
+            if timing.decode_tokens:
+                tokens_per_s.append(timing.decode_tokens / max(decode, 1e-6) * 1e3)
+            kept, total = timing.visual_tokens_kept, timing.visual_tokens_total
+            actions.append(gen.ids)
+    return {
+        "step_ms_p50": round(percentile(step_ms, 50), 2),
+        "step_ms_p95": round(percentile(step_ms, 95), 2),
+        "prefill_ms_p50": round(percentile(prefill_ms, 50), 3),
+        "decode_tokens_per_s": round(float(np.median(tokens_per_s)), 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "visual_tokens_total": total,
+        "visual_tokens_kept": kept,
+        "steps_timed": len(step_ms),
+        "threads": threads,
+        "generated": actions[: len(screens)],
+    }
+
+
+def _torch_prefill_ms(model, tok, screen, instruction, pruning) -> float:
+    """transformers forward over the prompt (visual tokens + instruction) alone: the eager prefill."""
+    import torch
+
+    from edge_client.preprocess import screenshot_to_chw
+    from edge_client.pruning import keep_count, patch_prior, select_patches
+
+    with torch.inference_mode():
+        prompt = tok.prompt_ids(instruction, model.cfg.max_instruction_tokens)
+        image = torch.from_numpy(screenshot_to_chw(screen)[None])
+        encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]))
+        prior = patch_prior(screen, None, model.cfg.patch_px, pruning)
+        keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
+        kept = select_patches(encoded.relevance[0].numpy(), prior, keep)
+        embeds = torch.cat([encoded.patches[0, torch.from_numpy(kept)], model.wte(torch.tensor(prompt))])[None]
+        t0 = time.perf_counter()
+        model.decoder(inputs_embeds=embeds, use_cache=True)
+        return (time.perf_counter() - t0) * 1e3
+
+
+def run_bench(config: EdgeBenchConfig) -> dict:
+    config.out.mkdir(parents=True, exist_ok=True)
+    screens, instructions = capture_screens(TIER1_TASKS, config.screens_per_task, config.seed)
+    report: dict = {"variants": {}, "screens": len(screens), "tasks": list(TIER1_TASKS),
+                    "model_dir": str(config.model_dir)}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "screens.npz"
+        np.savez(data, screens=screens, instructions=np.array(instructions))
+        for variant in VARIANTS:
+            out = Path(tmp) / f"{variant}.json"
+            cmd = [sys.executable, "-m", "flywheel.bench_edge", variant, str(config.model_dir), str(data), str(out),
+                   str(config.repeats), str(config.threads)]  # fmt: skip
+            subprocess.run(cmd, check=True)
+            report["variants"][variant] = json.loads(out.read_text())
+    reference = report["variants"]["torch_eager"].pop("generated")
+    for name, figures in report["variants"].items():
+        if name == "torch_eager":
+            continue
+        generated = figures.pop("generated")
+        same = [a == b for a, b in zip(generated, reference, strict=True)]
+        figures["same_tokens_as_torch"] = round(float(np.mean(same)), 3)  # torch runs unpruned: 1.0 only for onnx
+    base = report["variants"]["torch_eager"]
+    onnx = report["variants"]["onnx"]
+    report["speedups"] = {
+        "onnx_vs_torch_step": round(base["step_ms_p50"] / onnx["step_ms_p50"], 2),
+        "pruned_vs_onnx_prefill": round(
+            onnx["prefill_ms_p50"] / report["variants"]["onnx_pruned"]["prefill_ms_p50"], 2
+        ),
+        "pruned_vs_onnx_step": round(onnx["step_ms_p50"] / report["variants"]["onnx_pruned"]["step_ms_p50"], 2),
+        "int8_vs_pruned_step": round(
+            report["variants"]["onnx_pruned"]["step_ms_p50"] / report["variants"]["onnx_int8"]["step_ms_p50"], 2
+        ),
+    }
+    (config.out / "edge_bench.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_report(report: dict) -> str:
+    cols = ["step_ms_p50", "step_ms_p95", "prefill_ms_p50", "decode_tokens_per_s", "peak_rss_mb",
+            "visual_tokens_kept", "visual_tokens_total"]  # fmt: skip
+    lines = [f"{'variant':14s}" + "".join(f"{c:>21s}" for c in cols)]
+    for name, figures in report["variants"].items():
+        lines.append(f"{name:14s}" + "".join(f"{figures[c]:>21}" for c in cols))
+    lines.append("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one variant, in its own process: python -m flywheel.bench_edge VARIANT DIR NPZ OUT R T
+    variant, model_dir, data, out, repeats, threads = sys.argv[1:7]
+    loaded = np.load(data)
+    figures = run_variant(variant, Path(model_dir), loaded["screens"], [str(s) for s in loaded["instructions"]],
+                          int(repeats), int(threads))  # fmt: skip
+    Path(out).write_text(json.dumps(figures))

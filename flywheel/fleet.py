@@ -1,0 +1,118 @@
+"""Run a fleet of edge clients against a running broker + processors and wait for their steps in Delta.
+
+Shared by `flywheel demo` (one fleet phase per turn) and `flywheel demonstrations` (expert data at scale).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.processes import Child, wait_until
+from flywheel.settings import Settings
+from processors.queries import episode_stats, step_count
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    """One fleet phase: `clients` edge processes, each running every task `episodes_per_task` times."""
+
+    name: str
+    """Names the client processes, their logs and summaries (e.g. 'turn1')."""
+    prefix: str
+    """Client-id prefix; episode ids start with it, so the phase's rows can be counted in Delta."""
+    clients: int
+    tasks: tuple[str, ...]
+    episodes_per_task: int
+    policy: str
+    """'expert' or 'model'."""
+    seed: int
+    """Client k starts at seed + k * seed_stride; episode i of a task uses that + i."""
+    seed_stride: int = 1_000
+    max_steps: int = 10
+    drain_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    steps_published: int
+    steps_in_delta: int
+    episodes: int
+    success_rate: float
+    per_task: dict
+    model_versions: list[str]
+    wall_s: float
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run_fleet(run: FleetRun, settings: Settings, out: Path, logs: Path, worker: Child, env: dict) -> FleetResult:
+    started = time.monotonic()
+    summaries = [out / f"{run.name}-client{k}.json" for k in range(run.clients)]
+    clients = [
+        Child(
+            f"{run.name}-client{k}",
+            [
+                "edge",
+                "--client-id", f"{run.prefix}c{k}",
+                "--tasks", ",".join(run.tasks),
+                "--episodes", str(run.episodes_per_task),
+                "--policy", run.policy,
+                "--max-steps", str(run.max_steps),
+                "--seed", str(run.seed + k * run.seed_stride),
+                "--summary", str(summaries[k]),
+            ],
+            logs,
+            env,
+        )
+        for k in range(run.clients)
+    ]  # fmt: skip
+    try:
+        _watch_clients(clients, worker, settings, run.prefix)
+    finally:
+        for client in clients:
+            client.stop()
+    failed = [c.name for c in clients if c.proc.returncode != 0]
+    if failed:
+        raise RuntimeError(f"edge clients failed: {failed}\n" + "\n".join(c.tail() for c in clients))
+    client_summaries = [json.loads(path.read_text()) for path in summaries]
+    published = sum(s["steps_published"] for s in client_summaries)
+    episodes_run = sum(s["episodes"] for s in client_summaries)
+
+    say(f"{run.name}: {published} steps published; waiting for the pipeline to land them in Delta")
+    in_delta = wait_until(
+        lambda: (n := step_count(settings.tables_dir, run.prefix)) >= published and n,
+        run.drain_timeout_s,
+        what=f"{published} steps of {run.name} in Delta",
+    )
+    stats = wait_until(
+        lambda: (s := episode_stats(settings.tables_dir, run.prefix))["episodes"] >= episodes_run and s,
+        run.drain_timeout_s,
+        what=f"{episodes_run} episodes of {run.name} in Delta",
+    )
+    return FleetResult(
+        steps_published=published,
+        steps_in_delta=in_delta,
+        episodes=stats["episodes"],
+        success_rate=stats["success_rate"],
+        per_task=stats["per_task"],
+        model_versions=sorted({v for s in client_summaries for v in s["model_versions"]}),
+        wall_s=round(time.monotonic() - started, 1),
+    )
+
+
+def _watch_clients(clients: list[Child], worker: Child, settings: Settings, prefix: str) -> None:
+    """Wait for the clients, printing progress; fail fast if the processors die."""
+    last = 0.0
+    while any(c.running() for c in clients):
+        if not worker.running():
+            raise RuntimeError(f"the faust worker died:\n{worker.tail()}")
+        if time.monotonic() - last > 15:
+            last = time.monotonic()
+            running = sum(c.running() for c in clients)
+            say(f"  {running} clients running, {step_count(settings.tables_dir, prefix)} steps in Delta so far")
+        time.sleep(1)

@@ -1,0 +1,89 @@
+"""`flywheel release`: the reproducible trained VLA, from nothing to a committed artifact, with one command.
+
+    1. expert demonstrations on the training suite through Kafka -> faust -> Delta (flywheel.demonstrations)
+    2. VLA SFT reading them from Delta at the recorded table versions (learner.vla_sft), resumable
+    3. export the `.vla` bundle and its int8 variant, write manifest.json (config, seed, table versions,
+       sha256, CPU time) next to them
+
+Every stage resumes: a finished collection is reused, training continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from edge_client.pruning import PruningConfig
+from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+from flywheel.fleet import say
+from flywheel.settings import Settings
+from learner.data import load_samples
+from learner.vla_export import export_bundle, quantize_bundle
+from learner.vla_sft import VLATrainConfig, save_weights, train_vla
+
+
+def train_config(raw: dict, seed: int) -> VLATrainConfig:
+    train = dict(raw)
+    if "keep_ratios" in train:
+        train["keep_ratios"] = tuple(train["keep_ratios"])
+    return VLATrainConfig(seed=seed, **train)
+
+
+def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:
+    config = json.loads(config_path.read_text())
+    seed = int(config["seed"])
+    started = time.monotonic()
+    demos = collect_demonstrations(
+        DemonstrationsConfig(out=work / "demonstrations", seed=seed, **config["demonstrations"]), settings
+    )
+    tables = Path(demos["tables_dir"])
+    frame = load_samples(tables, ("demo",), demos["table_versions"])
+    say(f"training the VLA on {frame.height} demonstration steps (Delta versions {demos['table_versions']})")
+    pruning = PruningConfig(**config.get("pruning", {}))
+    result = train_vla(
+        frame,
+        train_config(config["train"], seed),
+        work / "train",
+        model_config=config.get("model", {}),
+        pruning=pruning,
+        vocab_size=int(config.get("vocab_size", 1024)),
+    )
+    bundle = export_bundle(result.model, result.tokenizer, pruning, work / "model.vla")
+    quantized = quantize_bundle(bundle, work / "model-int8.vla")
+    weights = save_weights(work / "model.pt", result.model, result.tokenizer, pruning)  # torch twin for the bench
+    release_dir.mkdir(parents=True, exist_ok=True)
+    for path in (bundle, quantized, weights):
+        shutil.copyfile(path, release_dir / path.name)
+    digest = hashlib.sha256(bundle.read_bytes()).hexdigest()
+    manifest = {
+        "version": f"vla-release-{digest[:12]}",
+        "artifact": bundle.name,
+        "sha256": digest,
+        "int8_artifact": quantized.name,
+        "int8_sha256": hashlib.sha256(quantized.read_bytes()).hexdigest(),
+        "torch_weights": weights.name,
+        "torch_weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "config": config,
+        "config_file": str(config_path),
+        "seed": seed,
+        "demonstrations": {k: demos[k] for k in ("episodes", "steps", "success_rate", "table_versions", "wall_s")},
+        "training": {
+            "samples": frame.height,
+            "steps": result.steps,
+            "first_loss": result.losses[0] if result.losses else None,
+            "final_loss": result.losses[-1] if result.losses else None,
+            "samples_per_s": round(result.samples_per_s, 2),
+            "wall_s_this_run": round(result.wall_s, 1),
+            "cpu_s_this_run": round(result.cpu_s, 1),
+            "parameters": result.num_parameters,
+            "pruning": asdict(pruning),
+        },
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    (release_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    say(f"release {manifest['version']}: {release_dir / bundle.name} ({bundle.stat().st_size / 1e6:.1f} MB)")
+    return manifest

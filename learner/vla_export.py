@@ -1,0 +1,196 @@
+"""Export the VLA for the edge: two ONNX graphs with an explicit KV cache, packed in one bundle file.
+
+    encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64
+                   -> patches (1, N, d) float, relevance (1, N) float
+    decoder.onnx   inputs_embeds (1, T, d), past_keys (n_layers, 1, H, P, d/H), past_values (same)
+                   -> logits (1, V) of the last position, present_keys / present_values (n_layers, 1, H, P + T, d/H)
+
+The decoder re-implements GPT-2's forward over the trained transformers modules with the cache as
+plain tensors (HF cache classes export poorly); `check_decoder_parity` proves it equals the transformers
+forward. Token embeddings for decode steps are looked up by the runtime from `wte.npy`.
+
+The bundle (`.vla`, a zip) holds both graphs, wte.npy, tokenizer.json and vla.json (model + pruning
+config); its sha256 is what a ModelVersionEvent names. `quantize_bundle` writes the int8 variant.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import warnings
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from edge_client.preprocess import SCREEN_H, SCREEN_W
+from edge_client.pruning import PruningConfig
+from edge_client.vla_runtime import BUNDLE_FORMAT
+from edge_client.vla_tokens import ActionTokenizer
+from learner.vla import VLA
+
+OPSET = 17
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: VLA):
+        super().__init__()
+        self.encoder = model.encoder
+
+    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.encoder(image, instruction_ids)
+        return encoded.patches, encoded.relevance
+
+
+class DecoderWithCache(nn.Module):
+    """GPT-2 forward with the KV cache as explicit tensors; returns only the last position's logits."""
+
+    def __init__(self, model: VLA):
+        super().__init__()
+        gpt = model.decoder
+        self.blocks = gpt.transformer.h
+        self.wpe = gpt.transformer.wpe
+        self.ln_f = gpt.transformer.ln_f
+        self.lm_head = gpt.lm_head
+        self.n_heads = model.cfg.n_heads
+        self.head_dim = model.cfg.d_model // model.cfg.n_heads
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,  # (1, T, d)
+        past_keys: torch.Tensor,  # (n_layers, 1, H, P, hd)
+        past_values: torch.Tensor,  # (n_layers, 1, H, P, hd)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, d = inputs_embeds.shape
+        p = past_keys.shape[3]
+        positions = torch.arange(t, dtype=torch.long)[None] + p  # (1, T) absolute positions
+        h = inputs_embeds + self.wpe(positions)
+        # Query i (absolute p + i) sees keys 0 .. p + i.
+        visible = torch.arange(p + t)[None, :] <= positions[0][:, None]  # (T, P + T)
+        presents_k, presents_v = [], []
+        for layer, block in enumerate(self.blocks):
+            a = block.ln_1(h)
+            q, k, v = block.attn.c_attn(a).split(d, dim=2)  # 3 x (1, T, d)
+            q, k, v = (x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for x in (q, k, v))  # (1, H, T, hd)
+            k = torch.cat([past_keys[layer], k], dim=2)  # (1, H, P + T, hd)
+            v = torch.cat([past_values[layer], v], dim=2)
+            presents_k.append(k)
+            presents_v.append(v)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # (1, H, T, P + T)
+            scores = scores.masked_fill(~visible, float("-inf"))
+            y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+            h = h + block.attn.c_proj(y)
+            h = h + block.mlp(block.ln_2(h))
+        logits = self.lm_head(self.ln_f(h[:, -1]))  # (1, V)
+        return logits, torch.stack(presents_k), torch.stack(presents_v)
+
+
+def empty_cache(model: VLA) -> torch.Tensor:
+    cfg = model.cfg
+    return torch.zeros(cfg.n_layers, 1, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
+
+
+def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float:
+    """Max |DecoderWithCache (prefill + 3 cached steps) - transformers forward| over the last-position logits."""
+    gen = torch.Generator().manual_seed(seed)
+    dec = DecoderWithCache(model).eval()
+    embeds = torch.randn(1, 12, model.cfg.d_model, generator=gen)
+    worst = 0.0
+    with torch.inference_mode():
+        logits, pk, pv = dec(embeds[:, :9], empty_cache(model), empty_cache(model))
+        for t in range(9, 12):
+            want = model.decoder(inputs_embeds=embeds[:, :t]).logits[:, -1]
+            worst = max(worst, float((logits - want).abs().max()))
+            logits, pk, pv = dec(embeds[:, t : t + 1], pk, pv)
+    if worst > atol:
+        raise AssertionError(f"explicit-cache decoder differs from transformers by {worst:.2e} > {atol:.0e}")
+    return worst
+
+
+def _export(module: nn.Module, args: tuple, names_in: list[str], names_out: list[str], dynamic: dict) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notices
+        torch.onnx.export(
+            module, args, buffer, input_names=names_in, output_names=names_out, dynamic_axes=dynamic,
+            opset_version=OPSET, do_constant_folding=True, dynamo=False,
+        )  # fmt: skip
+    proto = onnx.load_from_string(buffer.getvalue())
+    proto.producer_name = "flywheel.learner"
+    onnx.checker.check_model(proto)
+    return proto.SerializeToString()
+
+
+def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path: str | Path) -> Path:
+    """Write the `.vla` bundle for `model` (CPU, eval; LoRA merged) after checking the explicit-cache decoder."""
+    net = copy.deepcopy(model).cpu().eval()
+    check_decoder_parity(net)
+    cfg = net.cfg
+    image = torch.randint(0, 256, (1, 3, SCREEN_H, SCREEN_W), dtype=torch.uint8)
+    ids = torch.randint(10, cfg.vocab_size, (1, 7))
+    encoder = _export(
+        EncoderGraph(net), (image, ids), ["image", "instruction_ids"], ["patches", "relevance"],
+        {"image": {0: "batch"}, "instruction_ids": {0: "batch", 1: "length"}, "patches": {0: "batch"},
+         "relevance": {0: "batch"}},
+    )  # fmt: skip
+    past = torch.zeros(cfg.n_layers, 1, cfg.n_heads, 3, cfg.d_model // cfg.n_heads)
+    cache_axes = {3: "past"}
+    decoder = _export(
+        DecoderWithCache(net), (torch.randn(1, 5, cfg.d_model), past, past.clone()),
+        ["inputs_embeds", "past_keys", "past_values"], ["logits", "present_keys", "present_values"],
+        {"inputs_embeds": {1: "tokens"}, "past_keys": cache_axes, "past_values": cache_axes,
+         "present_keys": {3: "total"}, "present_values": {3: "total"}},
+    )  # fmt: skip
+    wte = io.BytesIO()
+    np.save(wte, net.wte.weight.detach().numpy().astype(np.float32))
+    meta = {"format": BUNDLE_FORMAT, "model_config": cfg.to_dict(), "pruning": asdict(pruning), "quantized": False}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_zip(path, {"encoder.onnx": encoder, "decoder.onnx": decoder, "wte.npy": wte.getvalue(),
+                      "tokenizer.json": tok.to_json().encode(), "vla.json": json.dumps(meta).encode()})  # fmt: skip
+    return path
+
+
+def quantize_bundle(src: str | Path, dst: str | Path) -> Path:
+    """The int8 variant: dynamic quantisation (int8 weights, per-call activation scales) of MatMul/Gemm."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    members = _read_zip(Path(src))
+    tmp = Path(dst).with_suffix(".tmp-dir")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name in ("encoder.onnx", "decoder.onnx"):
+        (tmp / name).write_bytes(members[name])
+        quantize_dynamic(
+            tmp / name, tmp / f"q-{name}", weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"]
+        )
+        members[name] = (tmp / f"q-{name}").read_bytes()
+    meta = json.loads(members["vla.json"])
+    meta["quantized"] = True
+    members["vla.json"] = json.dumps(meta).encode()
+    for leftover in tmp.iterdir():
+        leftover.unlink()
+    tmp.rmdir()
+    _write_zip(Path(dst), members)
+    return Path(dst)
+
+
+def _write_zip(path: Path, members: dict[str, bytes]) -> None:
+    # Fixed timestamps: the same weights give the same bytes, so the same sha256.
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(members):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, members[name])
+    tmp.replace(path)
+
+
+def _read_zip(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}

@@ -1,0 +1,243 @@
+"""The VLA: tokens, pruning, loss, export with an explicit KV cache, onnxruntime = torch, LoRA, resume.
+
+Data: real MiniWoB++ click-test / click-button screens with the DOM experts' thoughts and actions, taken
+straight from the browser (the pipeline path is covered by the release smoke test). Models are tiny.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from edge_client.env import GuiEnv
+from edge_client.experts import expert_for
+from edge_client.preprocess import decode_png, encode_png
+from edge_client.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
+from edge_client.vla_runtime import VLAPolicy, VLARuntime
+from edge_client.vla_tokens import ParseError, short_thought, train_tokenizer
+from learner.vla import VLA, VLAConfig, vla_loss
+from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
+from learner.vla_infer import torch_step
+from learner.vla_sft import VLATrainConfig, apply_lora, load_vla, merge_lora, train_vla
+from schemas import Action
+
+TINY = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
+TRAIN = VLATrainConfig(steps=40, batch_size=8, lr=3e-3, warmup_steps=5, keep_ratios=(0.25, 1.0), seed=0,
+                       log_every=10, checkpoint_every=20, progress_bar=False)  # fmt: skip
+
+
+def expert_rows(tasks: tuple[str, ...], episodes: int, seed: int) -> list[dict]:
+    """One row per expert step, in the columns learner.data.load_samples returns."""
+    rows = []
+    with GuiEnv(tasks[0]) as env:
+        for task in tasks:
+            expert = expert_for(task)
+            for i in range(episodes):
+                obs = env.reset(seed=seed + i, task=task)
+                for step in range(6):
+                    decision = expert.act(obs)
+                    a = decision.action
+                    rows.append(dict(episode_id=f"{task}-{seed + i}", step=step, task=task, instruction=obs.instruction,
+                                     screenshot=encode_png(obs.screenshot), thought=decision.thought,
+                                     action_type=a.type, x=a.x, y=a.y, text=a.text, key=a.key))  # fmt: skip
+                    result = env.step(a)
+                    if result.done:
+                        break
+                    obs = result.obs
+    return rows
+
+
+@pytest.fixture(scope="module")
+def frame() -> pl.DataFrame:
+    return pl.DataFrame(expert_rows(("click-test", "click-button", "enter-text"), 6, seed=100))
+
+
+@pytest.fixture(scope="module")
+def trained(frame, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vla")
+    progress = []
+    result = train_vla(frame, TRAIN, out, model_config=TINY, vocab_size=400, progress=progress.append)
+    return result, progress, out
+
+
+# --- tokens ----------------------------------------------------------------------------------------
+
+
+def test_every_action_type_round_trips_through_tokens(frame):
+    tok = train_tokenizer(frame["instruction"].to_list() + frame["thought"].to_list(), vocab_size=400)
+    actions = [Action("click", x=81, y=104), Action("scroll", x=10, y=200, scroll_dy=50.0),
+               Action("type", text="Kasie Mörk"), Action("key", key="<Enter>"), Action("noop")]  # fmt: skip
+    for action in actions:
+        parsed = tok.parse(tok.target_ids("The button 'ok' is at (81, 104). Click it.", action, 32))
+        assert parsed.thought == "The button 'ok'. Click it."
+        assert parsed.action.type == action.type and parsed.action.text == action.text
+        assert parsed.action.key == action.key
+        # Coordinates come back as the centre of their 5 px bin.
+        assert abs(parsed.action.x - action.x) <= 2.5 and abs(parsed.action.y - action.y) <= 2.5
+
+
+def test_bad_token_sequences_are_refused_with_a_reason(frame):
+    tok = train_tokenizer(frame["instruction"].to_list(), vocab_size=300)
+    with pytest.raises(ParseError, match="no <act>"):
+        tok.parse(tok.text_ids("just talking"))
+    with pytest.raises(ParseError, match="x token then a y token"):
+        tok.parse([tok.act_id, tok.type_ids["click"], tok.y0, tok.eos_id])
+
+
+def test_grammar_mask_always_leads_to_a_parseable_action(frame):
+    tok = train_tokenizer(frame["instruction"].to_list(), vocab_size=300)
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # random walks under the mask
+        ids: list[int] = []
+        while not ids or ids[-1] != tok.eos_id:
+            allowed = np.flatnonzero(tok.allowed_next(ids, 5, 4))
+            assert len(allowed) > 0
+            ids.append(int(rng.choice(allowed)))
+        tok.parse(ids)  # does not raise
+
+
+def test_short_thought_drops_coordinates_only():
+    assert short_thought("There is a single button, at (80, 105). Click it.") == "There is a single button. Click it."
+    assert short_thought("Click the username field at (3, 4) to type into it.") == (
+        "Click the username field to type into it."
+    )
+    assert (
+        short_thought("The username field is focused. Type 'kasie'.") == "The username field is focused. Type 'kasie'."
+    )
+
+
+# --- pruning ---------------------------------------------------------------------------------------
+
+
+def test_prior_drops_flat_patches_keeps_anchors_and_penalises_unchanged():
+    image = np.full((210, 160, 3), 255, np.uint8)
+    image[100:120, 60:100] = np.random.default_rng(0).integers(0, 255, (20, 40, 3))  # a textured "button"
+    cfg = PruningConfig(keep_ratio=0.25)
+    prior = patch_prior(image, None, 10, cfg)
+    anchors = anchor_mask(10, cfg.anchor_stride)
+    textured = np.zeros((21, 16), bool)
+    textured[10:12, 6:10] = True
+    textured = textured.reshape(-1)
+    assert (prior[anchors] > ANCHOR / 2).all()
+    assert (prior[~anchors & ~textured] < -100).all()  # flat white
+    assert (prior[~anchors & textured] == 0).all()
+    kept = select_patches(np.zeros(336, np.float32), prior, keep_count(336, cfg.keep_ratio))
+    assert len(kept) == 84 and (np.diff(kept) > 0).all()  # raster order
+    assert set(np.flatnonzero(anchors)) | set(np.flatnonzero(textured)) <= set(kept)
+    unchanged = patch_prior(image, image, 10, cfg)
+    assert (unchanged[~anchors & textured] == -cfg.unchanged_penalty).all()
+
+
+def test_keep_ratio_is_validated():
+    with pytest.raises(ValueError, match="keep_ratio"):
+        PruningConfig(keep_ratio=0.0)
+
+
+# --- model and loss --------------------------------------------------------------------------------
+
+
+def test_loss_ignores_unlabelled_positions_and_counts_the_target_patch():
+    logits = torch.zeros(1, 3, 5)
+    logits[0, 1, 2] = 10.0  # position 1 is confident about token 2
+    labels = torch.tensor([[-100, 2, -100]])
+    relevance = torch.zeros(1, 4)
+    total, token_nll, relevance_nll = vla_loss(logits, labels, relevance, torch.tensor([1]), relevance_weight=0.5)
+    assert token_nll.item() == pytest.approx(-torch.log_softmax(logits[0, 1], -1)[2].item())
+    assert relevance_nll.item() == pytest.approx(np.log(4))  # uniform over 4 patches
+    assert total.item() == pytest.approx(token_nll.item() + 0.5 * np.log(4))
+
+
+def test_training_lowers_the_loss_and_checkpoints(trained):
+    result, progress, out = trained
+    assert [p.step for p in progress] == [10, 20, 30, 40]
+    assert np.mean(result.losses[-5:]) < 0.6 * np.mean(result.losses[:5])
+    assert (out / "vla_checkpoint.pt").exists()
+
+
+def test_resumed_training_ends_with_the_same_weights(frame, tmp_path):
+    whole = train_vla(frame, TRAIN, tmp_path / "whole", model_config=TINY, vocab_size=400)
+    half = tmp_path / "half"
+    first = train_vla(frame, TRAIN, half, model_config=TINY, vocab_size=400, stop_at=20)  # "killed" after step 20
+    assert first.steps == 20
+    resumed = train_vla(frame, TRAIN, half, model_config=TINY, vocab_size=400)  # picks up the step-20 checkpoint
+    assert resumed.start_step == 20
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_lora_trains_adapters_only_and_merges_exactly(trained, frame, tmp_path):
+    result, _, out = trained
+    lora = train_vla(frame, VLATrainConfig(**{**TRAIN.__dict__, "steps": 10, "lora_rank": 4}), tmp_path,
+                     init_checkpoint=out / "vla_checkpoint.pt")  # fmt: skip
+    base = result.model.decoder.transformer.h[0].attn.c_attn.weight
+    tuned = lora.model.decoder.transformer.h[0].attn.c_attn.weight  # merged
+    assert not torch.allclose(base, tuned)  # the adapters moved the merged weight
+    model, tok, _ = load_vla(tmp_path / "vla_checkpoint.pt")
+    assert not hasattr(model.decoder, "peft_config")
+    assert torch.equal(model.decoder.transformer.h[0].attn.c_attn.weight, tuned)
+    wrapped = apply_lora(VLA(VLAConfig(vocab_size=tok.vocab_size, **TINY)), 4, 8.0)
+    frozen = [n for n, p in wrapped.decoder.named_parameters() if not p.requires_grad]
+    assert frozen and all("lora_" not in n for n in frozen)
+    assert isinstance(merge_lora(wrapped).decoder, type(result.model.decoder))
+
+
+# --- export and edge runtime -----------------------------------------------------------------------
+
+
+def test_explicit_cache_decoder_equals_transformers(trained):
+    assert check_decoder_parity(trained[0].model) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def bundle(trained, tmp_path_factory):
+    result = trained[0]
+    path = export_bundle(
+        result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path_factory.mktemp("b") / "m.vla"
+    )
+    return path, quantize_bundle(path, path.with_name("m-int8.vla"))
+
+
+@pytest.mark.parametrize("keep_ratio", [0.25, 1.0])
+def test_onnx_greedy_output_equals_torch_greedy_output(trained, frame, bundle, keep_ratio):
+    result = trained[0]
+    runtime = VLARuntime(bundle[0], keep_ratio=keep_ratio)
+    pruning = PruningConfig(keep_ratio=keep_ratio)
+    for row in frame.head(12).iter_rows(named=True):
+        screen = decode_png(row["screenshot"])
+        want, want_timing = torch_step(result.model, result.tokenizer, pruning, screen, row["instruction"], None)
+        got, got_timing = runtime.step(screen, row["instruction"], None)
+        assert got.ids == want.ids
+        assert got.action_logprob == pytest.approx(want.action_logprob, abs=1e-3)
+        assert got_timing.visual_tokens_kept == want_timing.visual_tokens_kept == keep_count(336, keep_ratio)
+
+
+def test_int8_bundle_quantises_matmuls_and_still_acts(frame, bundle):
+    import zipfile
+
+    import onnx
+
+    path, int8 = bundle
+    with zipfile.ZipFile(int8) as zf:
+        ops = {node.op_type for node in onnx.load_from_string(zf.read("decoder.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 weights, activations quantised per call
+    assert int8.stat().st_size < path.stat().st_size
+    policy = VLAPolicy(int8, "tiny-int8")
+    from edge_client.policy import Observation
+
+    row = frame.row(0, named=True)
+    decision = policy.act(Observation("click-test", row["instruction"], decode_png(row["screenshot"])))
+    assert decision.action.type in {"click", "type", "key", "scroll", "noop"}
+    assert decision.extras["visual_tokens_kept"] == 84 and decision.extras["visual_tokens_total"] == 336
+    assert decision.logprob is not None and decision.logprob <= 0.0
+
+
+def test_a_bundle_from_another_format_is_refused(tmp_path):
+    import zipfile
+
+    bad = tmp_path / "bad.vla"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("vla.json", '{"format": "something-else/9"}')
+    with pytest.raises(ValueError, match="bundle format 'something-else/9'"):
+        VLARuntime(bad)
