@@ -123,15 +123,18 @@ class VLARuntime:
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
         kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
         t1 = time.perf_counter()
-        embeds = np.concatenate([patches[0, kept], self.wte[prompt]])[None].astype(np.float32)
+        visual = patches[:, kept].astype(np.float32)  # (1, k, d)
+        pointing = {"visual": visual, "kept": kept[None]}
+        embeds = np.concatenate([visual[0], self.wte[prompt]])[None].astype(np.float32)
         logits, keys, values = self.decoder.run(None, {"inputs_embeds": embeds, "past_keys": self.empty_cache,
-                                                       "past_values": self.empty_cache})  # fmt: skip
+                                                       "past_values": self.empty_cache, **pointing})  # fmt: skip
         t2 = time.perf_counter()
         cache = [keys, values]
 
         def advance(token: int) -> np.ndarray:
             out, cache[0], cache[1] = self.decoder.run(
-                None, {"inputs_embeds": self.wte[[token]][None], "past_keys": cache[0], "past_values": cache[1]}
+                None,
+                {"inputs_embeds": self.wte[[token]][None], "past_keys": cache[0], "past_values": cache[1], **pointing},
             )
             return out[0]
 

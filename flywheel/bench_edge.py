@@ -1,6 +1,6 @@
 """`flywheel bench edge`: one step of the VLA, four ways, on the same weights and real MiniWoB screens.
 
-    torch_eager   PyTorch eager + transformers `generate`, all 336 visual tokens (the baseline)
+    torch_eager   PyTorch eager: the transformers forward with its KV cache, all 336 visual tokens (the baseline)
     onnx          onnxruntime, explicit KV cache, all visual tokens
     onnx_pruned   onnxruntime, visual tokens pruned to the bundle's keep ratio
     onnx_int8     onnx_pruned with int8 dynamic quantisation
@@ -69,10 +69,8 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
         pruning = replace(pruning, keep_ratio=1.0)
 
         def step(screen, instruction):
-            """(generation, timing, prefill ms, decode-only ms): generate's time less a separate prefill's."""
             gen, timing = torch_step(model, tok, pruning, screen, instruction, None)
-            prefill = _torch_prefill_ms(model, tok, screen, instruction, pruning)
-            return gen, timing, prefill, timing.decode_ms - prefill
+            return gen, timing, timing.prefill_ms, timing.decode_ms
     else:
         from edge_client.vla_runtime import VLARuntime
 
@@ -109,26 +107,6 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
         "threads": threads,
         "generated": actions[: len(screens)],
     }
-
-
-def _torch_prefill_ms(model, tok, screen, instruction, pruning) -> float:
-    """transformers forward over the prompt (visual tokens + instruction) alone: the eager prefill."""
-    import torch
-
-    from edge_client.preprocess import screenshot_to_chw
-    from edge_client.pruning import keep_count, patch_prior, select_patches
-
-    with torch.inference_mode():
-        prompt = tok.prompt_ids(instruction, model.cfg.max_instruction_tokens)
-        image = torch.from_numpy(screenshot_to_chw(screen)[None])
-        encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]))
-        prior = patch_prior(screen, None, model.cfg.patch_px, pruning)
-        keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
-        kept = select_patches(encoded.relevance[0].numpy(), prior, keep)
-        embeds = torch.cat([encoded.patches[0, torch.from_numpy(kept)], model.wte(torch.tensor(prompt))])[None]
-        t0 = time.perf_counter()
-        model.decoder(inputs_embeds=embeds, use_cache=True)
-        return (time.perf_counter() - t0) * 1e3
 
 
 def run_bench(config: EdgeBenchConfig) -> dict:

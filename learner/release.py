@@ -17,10 +17,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import polars as pl
+
 from edge_client.pruning import PruningConfig
 from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
 from flywheel.fleet import say
-from flywheel.settings import Settings
+from flywheel.settings import Settings, parse_tasks
 from learner.data import load_samples
 from learner.vla_export import export_bundle, quantize_bundle
 from learner.vla_sft import VLATrainConfig, save_weights, train_vla
@@ -33,16 +35,29 @@ def train_config(raw: dict, seed: int) -> VLATrainConfig:
     return VLATrainConfig(seed=seed, **train)
 
 
+def _collection(entry: dict, seed: int) -> dict:
+    """One entry of config["demonstrations"] as DemonstrationsConfig fields ('tasks' may be an alias)."""
+    fields = dict(entry)
+    fields["tasks"] = parse_tasks(fields.get("tasks", "suite"))
+    fields["seed"] = seed + int(fields.pop("seed_offset", 0))
+    return fields
+
+
 def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:
     config = json.loads(config_path.read_text())
     seed = int(config["seed"])
     started = time.monotonic()
-    demos = collect_demonstrations(
-        DemonstrationsConfig(out=work / "demonstrations", seed=seed, **config["demonstrations"]), settings
+    # Several collections (e.g. the whole suite, then more of Tier 1), each its own tables; seeds must not overlap.
+    collections = [
+        collect_demonstrations(
+            DemonstrationsConfig(out=work / f"demonstrations-{i}", **_collection(entry, seed)), settings
+        )
+        for i, entry in enumerate(config["demonstrations"])
+    ]
+    frame = pl.concat(
+        [load_samples(Path(c["tables_dir"]), ("demo",), c["table_versions"]) for c in collections], how="vertical"
     )
-    tables = Path(demos["tables_dir"])
-    frame = load_samples(tables, ("demo",), demos["table_versions"])
-    say(f"training the VLA on {frame.height} demonstration steps (Delta versions {demos['table_versions']})")
+    say(f"training the VLA on {frame.height} demonstration steps from {len(collections)} collections")
     pruning = PruningConfig(**config.get("pruning", {}))
     result = train_vla(
         frame,
@@ -70,7 +85,10 @@ def run_release(config_path: Path, work: Path, release_dir: Path, settings: Sett
         "config": config,
         "config_file": str(config_path),
         "seed": seed,
-        "demonstrations": {k: demos[k] for k in ("episodes", "steps", "success_rate", "table_versions", "wall_s")},
+        "demonstrations": [
+            {k: c[k] for k in ("config", "episodes", "steps", "success_rate", "table_versions", "wall_s")}
+            for c in collections
+        ],
         "training": {
             "samples": frame.height,
             "steps": result.steps,

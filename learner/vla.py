@@ -2,12 +2,19 @@
 that writes a short thought and then action tokens (edge_client.vla_tokens).
 
     image (B,3,210,160) uint8 ─ normalise ─ conv k=s=patch_px/2 ─ conv 3x3 ─ patchify conv (k = s = 2)
-                                              ─> patches (B, N, d) + row/col embeddings, LayerNorm
+                                              ─> LayerNorm ─> patches (B, N, d) + s · (wte[<x_col>] + wte[<y_row>])
     instruction ids (B, L) ─ wte ─ masked mean ─ MLP ─> query q (B, r)
     relevance (B, N) = <W_k patches, q> / sqrt(r)                       (trained to point at the target patch)
     kept = top-k(relevance + prior)                                     (edge_client.pruning; k fixed per batch)
     decoder input = [patches[kept] | <bos> instruction <sep> | thought <act> type x y ... <eos>]
     GPT2LMHeadModel (tied embeddings) ─> next-token logits
+
+Coordinate tokens are scored by pointing (`coordinate_logits`): the decoder state h_t queries the kept visual
+tokens, s_ti = <W_q h_t, W_k v_i> / sqrt(r); the logit of <x_b> is logsumexp of s_ti over kept patches in the
+column holding bin b, plus a fine in-patch term W_f h_t (a patch spans patch_px / bin_px bins); <y_b> likewise
+by rows. These replace the LM head's logits for the coordinate ids, so the model still writes action tokens,
+but learning to click is learning where to look. A patch's position embedding is the embedding of its
+centre's coordinate tokens (the same vectors the decoder reads back when it sees <x_b> <y_b>).
 
 Loss (per batch, written out in `vla_loss`):
     L = mean over target tokens of −log p(token | prefix)
@@ -27,6 +34,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from edge_client.preprocess import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
 from edge_client.pruning import grid_shape
+from edge_client.vla_tokens import special_tokens
 
 IGNORE = -100  # label of positions that carry no loss (visual tokens, prompt, padding)
 
@@ -52,6 +60,8 @@ class VLAConfig:
     """Width r of the patch-instruction relevance dot product that ranks patches for pruning."""
     max_instruction_tokens: int = 48
     max_thought_tokens: int = 32
+    bin_px: int = 5
+    """Pixels per coordinate token (must match the tokenizer's)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,9 +98,19 @@ class PatchEncoder(nn.Module):
             nn.GELU(),
         )
         self.patchify = nn.Conv2d(c, d, 2, stride=2)  # (B, d, 21, 16)
-        self.row_emb = nn.Parameter(torch.randn(self.rows, d) * 0.02)
-        self.col_emb = nn.Parameter(torch.randn(self.cols, d) * 0.02)
         self.norm = nn.LayerNorm(d)
+        # Coordinate tokens of each patch row / column centre (edge_client.vla_tokens puts them at fixed ids).
+        specials = special_tokens(cfg.bin_px)
+        centre = cfg.patch_px // 2
+        x_ids = [specials.index(f"<x_{(c * cfg.patch_px + centre) // cfg.bin_px}>") for c in range(self.cols)]
+        y_ids = [specials.index(f"<y_{(r * cfg.patch_px + centre) // cfg.bin_px}>") for r in range(self.rows)]
+        self.register_buffer("x_ids", torch.tensor(x_ids), persistent=False)
+        self.register_buffer("y_ids", torch.tensor(y_ids), persistent=False)
+        # Token embeddings start at std 0.02; scaled so position and content (LayerNorm, std 1) weigh alike.
+        self.pos_scale = nn.Parameter(torch.tensor(50.0))
+        # The relevance of a patch is also a feature of it: the decoder finds "the patch the instruction is
+        # about" by one direction instead of re-learning the relevance match in its attention.
+        self.relevance_embed = nn.Parameter(torch.randn(d) * 0.1)
         self.wte = wte  # shared with the decoder: the instruction query reads the same token embeddings
         self.query = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, cfg.relevance_dim))
         self.key = nn.Linear(d, cfg.relevance_dim)
@@ -100,12 +120,14 @@ class PatchEncoder(nn.Module):
         x = (image.float() - PIXEL_MEAN) / PIXEL_STD  # (B, 3, 210, 160)
         x = self.patchify(self.stem(x))  # (B, d, R, C)
         x = x.flatten(2).transpose(1, 2)  # (B, N, d), raster order
-        pos = (self.row_emb[:, None, :] + self.col_emb[None, :, :]).reshape(-1, x.shape[-1])  # (N, d)
-        patches = self.norm(x + pos)
+        pos = (self.wte(self.y_ids)[:, None, :] + self.wte(self.x_ids)[None, :, :]).reshape(-1, x.shape[-1])  # (N, d)
+        patches = self.norm(x) + self.pos_scale * pos
         mask = (instruction_ids != 0).float()[..., None]  # (B, L, 1); 0 is <pad>
         text = (self.wte(instruction_ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, d)
         q = self.query(text)  # (B, r)
-        relevance = torch.einsum("bnr,br->bn", self.key(patches), q) / math.sqrt(self.relevance_dim)
+        relevance = torch.einsum("bnr,br->bn", self.key(patches), q) / math.sqrt(self.relevance_dim)  # (B, N)
+        # Detached: the relevance is taught by its own loss; the decoder only reads it.
+        patches = patches + relevance.detach()[..., None] * self.relevance_embed
         return Encoded(patches, relevance)
 
 
@@ -131,6 +153,15 @@ class VLA(nn.Module):
         )
         self.decoder = GPT2LMHeadModel(gpt)
         self.encoder = PatchEncoder(cfg, self.decoder.transformer.wte)
+        specials = special_tokens(cfg.bin_px)
+        self.x0, self.y0 = specials.index("<x_0>"), specials.index("<y_0>")
+        self.rows, self.cols = grid_shape(cfg.patch_px)
+        self.bins_per_patch = cfg.patch_px // cfg.bin_px
+        if cfg.patch_px % cfg.bin_px or self.y0 != self.x0 + self.cols * self.bins_per_patch:
+            raise ValueError(f"patch_px={cfg.patch_px} must be a multiple of bin_px={cfg.bin_px}")
+        self.pointer_q = nn.Linear(cfg.d_model, cfg.relevance_dim)
+        self.pointer_k = nn.Linear(cfg.d_model, cfg.relevance_dim)
+        self.fine = nn.Linear(cfg.d_model, 2 * self.bins_per_patch)
 
     @property
     def wte(self) -> nn.Embedding:
@@ -169,8 +200,34 @@ class VLA(nn.Module):
         embeds = self.sequence_embeds(encoded.patches, kept, text_ids)
         attention = torch.cat([torch.ones_like(kept), (text_ids != 0).long()], dim=1)
         hidden = self.decoder.transformer(inputs_embeds=embeds, attention_mask=attention).last_hidden_state
-        logits = self.decoder.lm_head(hidden[:, keep - 1 : -1])  # (B, T, V)
+        vis = embeds[:, :keep]
+        logits = self.output_logits(hidden[:, keep - 1 : -1], vis, kept)  # (B, T, V)
         return logits, encoded.relevance, kept
+
+    def output_logits(self, hidden: torch.Tensor, vis: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) final hidden states -> (B, T, V): the LM head, with coordinate ids scored by pointing."""
+        lm = self.decoder.lm_head(hidden)  # (B, T, V)
+        x_logits, y_logits = self.coordinate_logits(hidden, vis, kept)
+        end = self.y0 + y_logits.shape[-1]
+        return torch.cat([lm[..., : self.x0], x_logits, y_logits, lm[..., end:]], dim=-1)
+
+    def coordinate_logits(
+        self, hidden: torch.Tensor, vis: torch.Tensor, kept: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pointer logits of the x and y tokens: (B, T, cols * bpp) and (B, T, rows * bpp), bpp = bins per patch."""
+        r = self.pointer_q.out_features
+        s = torch.einsum("btr,bkr->btk", self.pointer_q(hidden), self.pointer_k(vis)) / math.sqrt(r)  # (B, T, k)
+        # log of a 0/1 membership matrix: 0 where patch i lies in column c, -30 elsewhere (a column with no kept
+        # patch keeps a finite, tiny logit so a target under a pruned patch still has a gradient).
+        in_col = ((kept % self.cols)[..., None] == torch.arange(self.cols)).float()  # (B, k, C)
+        in_row = ((kept // self.cols)[..., None] == torch.arange(self.rows)).float()  # (B, k, R)
+        col = torch.logsumexp(s[..., None] + (in_col[:, None] - 1.0) * 30.0, dim=2)  # (B, T, C)
+        row = torch.logsumexp(s[..., None] + (in_row[:, None] - 1.0) * 30.0, dim=2)  # (B, T, R)
+        fine = self.fine(hidden)  # (B, T, 2 * bpp)
+        fx, fy = fine[..., : self.bins_per_patch], fine[..., self.bins_per_patch :]
+        x_logits = (col[..., None] + fx[..., None, :]).flatten(-2)  # (B, T, C * bpp)
+        y_logits = (row[..., None] + fy[..., None, :]).flatten(-2)  # (B, T, R * bpp)
+        return x_logits, y_logits
 
 
 def vla_loss(

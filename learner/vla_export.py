@@ -2,7 +2,8 @@
 
     encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64
                    -> patches (1, N, d) float, relevance (1, N) float
-    decoder.onnx   inputs_embeds (1, T, d), past_keys (n_layers, 1, H, P, d/H), past_values (same)
+    decoder.onnx   inputs_embeds (1, T, d), past_keys (n_layers, 1, H, P, d/H), past_values (same),
+                   visual (1, k, d) kept patch tokens, kept (1, k) int64 their patch indices (for pointing)
                    -> logits (1, V) of the last position, present_keys / present_values (n_layers, 1, H, P + T, d/H)
 
 The decoder re-implements GPT-2's forward over the trained transformers modules with the cache as
@@ -54,10 +55,10 @@ class DecoderWithCache(nn.Module):
     def __init__(self, model: VLA):
         super().__init__()
         gpt = model.decoder
+        self.model = model
         self.blocks = gpt.transformer.h
         self.wpe = gpt.transformer.wpe
         self.ln_f = gpt.transformer.ln_f
-        self.lm_head = gpt.lm_head
         self.n_heads = model.cfg.n_heads
         self.head_dim = model.cfg.d_model // model.cfg.n_heads
 
@@ -66,6 +67,8 @@ class DecoderWithCache(nn.Module):
         inputs_embeds: torch.Tensor,  # (1, T, d)
         past_keys: torch.Tensor,  # (n_layers, 1, H, P, hd)
         past_values: torch.Tensor,  # (n_layers, 1, H, P, hd)
+        visual: torch.Tensor,  # (1, k, d) the kept visual tokens (the prompt's first k embeddings)
+        kept: torch.Tensor,  # (1, k) int64 their patch indices
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, d = inputs_embeds.shape
         p = past_keys.shape[3]
@@ -87,7 +90,7 @@ class DecoderWithCache(nn.Module):
             y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
             h = h + block.attn.c_proj(y)
             h = h + block.mlp(block.ln_2(h))
-        logits = self.lm_head(self.ln_f(h[:, -1]))  # (1, V)
+        logits = self.model.output_logits(self.ln_f(h[:, -1:]), visual, kept)[:, 0]  # (1, V)
         return logits, torch.stack(presents_k), torch.stack(presents_v)
 
 
@@ -101,13 +104,16 @@ def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float
     gen = torch.Generator().manual_seed(seed)
     dec = DecoderWithCache(model).eval()
     embeds = torch.randn(1, 12, model.cfg.d_model, generator=gen)
+    kept = torch.tensor([[3, 40, 41, 200, 300]])
+    vis = embeds[:, :5]
     worst = 0.0
     with torch.inference_mode():
-        logits, pk, pv = dec(embeds[:, :9], empty_cache(model), empty_cache(model))
+        logits, pk, pv = dec(embeds[:, :9], empty_cache(model), empty_cache(model), vis, kept)
         for t in range(9, 12):
-            want = model.decoder(inputs_embeds=embeds[:, :t]).logits[:, -1]
+            hidden = model.decoder.transformer(inputs_embeds=embeds[:, :t]).last_hidden_state[:, -1:]
+            want = model.output_logits(hidden, vis, kept)[:, 0]
             worst = max(worst, float((logits - want).abs().max()))
-            logits, pk, pv = dec(embeds[:, t : t + 1], pk, pv)
+            logits, pk, pv = dec(embeds[:, t : t + 1], pk, pv, vis, kept)
     if worst > atol:
         raise AssertionError(f"explicit-cache decoder differs from transformers by {worst:.2e} > {atol:.0e}")
     return worst
@@ -142,10 +148,11 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     past = torch.zeros(cfg.n_layers, 1, cfg.n_heads, 3, cfg.d_model // cfg.n_heads)
     cache_axes = {3: "past"}
     decoder = _export(
-        DecoderWithCache(net), (torch.randn(1, 5, cfg.d_model), past, past.clone()),
-        ["inputs_embeds", "past_keys", "past_values"], ["logits", "present_keys", "present_values"],
-        {"inputs_embeds": {1: "tokens"}, "past_keys": cache_axes, "past_values": cache_axes,
-         "present_keys": {3: "total"}, "present_values": {3: "total"}},
+        DecoderWithCache(net),
+        (torch.randn(1, 5, d := cfg.d_model), past, past.clone(), torch.randn(1, 4, d), torch.tensor([[0, 5, 9, 30]])),
+        ["inputs_embeds", "past_keys", "past_values", "visual", "kept"], ["logits", "present_keys", "present_values"],
+        {"inputs_embeds": {1: "tokens"}, "past_keys": cache_axes, "past_values": cache_axes, "visual": {1: "kept"},
+         "kept": {1: "kept"}, "present_keys": {3: "total"}, "present_values": {3: "total"}},
     )  # fmt: skip
     wte = io.BytesIO()
     np.save(wte, net.wte.weight.detach().numpy().astype(np.float32))

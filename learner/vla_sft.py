@@ -252,7 +252,7 @@ def train_vla(
         torch.manual_seed(config.seed)
         tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=vocab_size)
         pruning = pruning or PruningConfig()
-        model = VLA(VLAConfig(vocab_size=tok.vocab_size, **(model_config or {})))
+        model = VLA(VLAConfig(**{**(model_config or {}), "vocab_size": tok.vocab_size, "bin_px": tok.bin_px}))
         if config.lora_rank:
             apply_lora(model, config.lora_rank, config.lora_alpha)
     data = VLADataset(frame, tok, model.cfg, pruning)

@@ -241,3 +241,36 @@ def test_a_bundle_from_another_format_is_refused(tmp_path):
         zf.writestr("vla.json", '{"format": "something-else/9"}')
     with pytest.raises(ValueError, match="bundle format 'something-else/9'"):
         VLARuntime(bad)
+
+
+# --- learning happened -----------------------------------------------------------------------------
+
+
+class RandomClicks:
+    """The baseline: clicks uniformly at random over the task area."""
+
+    version = "random"
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs):
+        from edge_client.policy import Decision
+
+        return Decision("", Action("click", x=float(self.rng.uniform(0, 160)), y=float(self.rng.uniform(0, 210))))
+
+
+def test_a_tiny_vla_learns_click_test_from_pixels(tmp_path):
+    from edge_client.evaluate import evaluate
+
+    frame = pl.DataFrame(expert_rows(("click-test",), 40, seed=500))
+    config = VLATrainConfig(steps=150, batch_size=16, lr=3e-3, warmup_steps=10, keep_ratios=(0.25,), seed=0,
+                            checkpoint_every=0, progress_bar=False)  # fmt: skip
+    result = train_vla(frame, config, tmp_path, model_config=TINY, vocab_size=300)
+    assert np.mean(result.losses[-10:]) < 0.3 * np.mean(result.losses[:10])
+    path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "m.vla")
+    # One action per episode: a policy that clicks until it hits would make chance look good.
+    model, random = VLAPolicy(path, "tiny"), RandomClicks(0)
+    learned = evaluate(lambda _: model, ("click-test",), 20, seed=900_000, max_steps=1)["mean_success_rate"]
+    chance = evaluate(lambda _: random, ("click-test",), 20, seed=900_000, max_steps=1)["mean_success_rate"]
+    assert learned >= 0.7 and learned >= chance + 0.4, (learned, chance)
