@@ -63,12 +63,19 @@ def cmd_learn(args: argparse.Namespace) -> int:
     from flywheel.observe import serve_metrics
     from learner.sft import SFTConfig
     from learner.train import LearnConfig, learn_once
+    from learner.vla_sft import VLATrainConfig
 
     settings = get_settings()
     if args.metrics_port >= 0:
         serve_metrics("flywheel-learner", settings.metrics_host, args.metrics_port)
     # Metrics follow every 5th step (a short run still shows its loss curve); the console every 25th.
-    config = LearnConfig(sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5))
+    config = LearnConfig(
+        sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5),
+        arch=args.arch,
+        vla=VLATrainConfig(
+            steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5, lora_rank=args.lora_rank
+        ),  # fmt: skip
+    )
 
     def progress(p) -> None:
         if p.step % 25 == 0 or p.step == p.total_steps:
@@ -123,6 +130,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path, version = resolve_model(args.model, settings.artifacts_dir)
         model = load_policy(path, version, intra_op_threads=args.threads)
         if args.keep_ratio is not None:
+            if not hasattr(model, "runtime"):
+                raise SystemExit(f"--keep-ratio applies to VLA bundles; {path} is a single ONNX graph")
             model.runtime.pruning = replace(model.runtime.pruning, keep_ratio=args.keep_ratio)
 
         def policy_for_task(_task: str):
@@ -256,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--steps", type=int, default=600)
     learn.add_argument("--batch-size", type=int, default=32)
     learn.add_argument("--seed", type=int, default=0)
+    learn.add_argument("--arch", choices=["pixel", "vla"], default="pixel", help="the small pixel policy or the VLA")
+    learn.add_argument("--lora-rank", type=int, default=0, help="vla: train LoRA adapters of this rank (0: full)")
     learn.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
     learn.add_argument("--summary")
     learn.set_defaults(func=cmd_learn)

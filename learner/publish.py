@@ -38,9 +38,24 @@ def publish_model(
     work_dir: Path,
     extra_manifest: dict | None = None,
 ) -> ModelVersionEvent:
-    channel = "canary" if settings.canary_fraction > 0 and "stable" in latest_by_channel(settings) else "stable"
+    """Export the pixel policy to ONNX and publish it."""
     exported = export_onnx(model, work_dir / "model.onnx")
-    uri, digest = store_artifact(exported.path, settings.artifacts_dir)
+    extra = {"model_config": model.cfg.__dict__, **(extra_manifest or {})}
+    return publish_artifact(exported.path, settings, stage=stage, parent=parent, lineage=lineage, extra_manifest=extra)
+
+
+def publish_artifact(
+    artifact: Path,
+    settings: Settings,
+    *,
+    stage: str,
+    parent: str,
+    lineage: dict[str, int],
+    extra_manifest: dict | None = None,
+) -> ModelVersionEvent:
+    """Store a model file (ONNX graph or `.vla` bundle) by digest, sign its event, send it, write its manifest."""
+    channel = "canary" if settings.canary_fraction > 0 and "stable" in latest_by_channel(settings) else "stable"
+    uri, digest = store_artifact(artifact, settings.artifacts_dir)
     event = ModelVersionEvent(
         event_id=new_event_id(),
         produced_at=time.time(),
@@ -60,5 +75,5 @@ def publish_model(
     finally:
         producer.close()
     # Only a version the fleet can receive becomes "latest" locally (the next run's parent).
-    write_manifest(event, settings.artifacts_dir, {"model_config": model.cfg.__dict__, **(extra_manifest or {})})
+    write_manifest(event, settings.artifacts_dir, extra_manifest)
     return event

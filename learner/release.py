@@ -67,6 +67,7 @@ def run_release(config_path: Path, work: Path, release_dir: Path, settings: Sett
         pruning=pruning,
         vocab_size=int(config.get("vocab_size", 1024)),
     )
+    pruning = result.pruning  # the checkpoint's, when the run resumed
     bundle = export_bundle(result.model, result.tokenizer, pruning, work / "model.vla")
     quantized = quantize_bundle(bundle, work / "model-int8.vla")
     weights = save_weights(work / "model.pt", result.model, result.tokenizer, pruning)  # torch twin for the bench

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flywheel.canary import latest_by_channel
@@ -14,8 +14,10 @@ from flywheel.settings import Settings
 from learner import metrics
 from learner.data import load_samples, table_versions
 from learner.model import load_model
-from learner.publish import publish_model
+from learner.publish import publish_artifact, publish_model
 from learner.sft import SFTConfig, SFTProgress, train_sft
+from learner.vla_export import export_bundle
+from learner.vla_sft import VLATrainConfig, train_vla
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class LearnConfig:
     sft: SFTConfig
-    """Optimiser settings; `sft.steps` is the step count of this run."""
+    """Optimiser settings of the pixel policy; `sft.steps` is the step count of this run."""
+    arch: str = "pixel"
+    """'pixel' (learner.model, one ONNX graph) or 'vla' (learner.vla, a `.vla` bundle)."""
+    vla: VLATrainConfig = field(default_factory=VLATrainConfig)
+    """Optimiser settings of the VLA (arch='vla')."""
+    vla_model: dict = field(default_factory=dict)
+    """VLAConfig overrides for a fresh VLA (arch='vla', no VLA parent)."""
     purposes: tuple[str, ...] = ("demo", "success")
     """training_samples purposes used by SFT: expert demonstrations and the fleet's own successes."""
     warm_start: bool = True
@@ -37,7 +45,7 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     frame = load_samples(settings.tables_dir, config.purposes, versions)
     if frame.height < config.min_samples:
         raise RuntimeError(f"only {frame.height} training samples in {settings.tables_dir} (need {config.min_samples})")
-    parent, resume = _previous(settings) if config.warm_start else ("", None)
+    parent, resume, parent_arch = _previous(settings) if config.warm_start else ("", None, "")
     metrics.training_started("sft", settings.tables_dir, versions)
     await_scrape()  # a launcher's Prometheus sees the counters at 0 before training moves them
     work_dir = settings.data_dir / "learner" / "runs" / f"from-{parent or 'scratch'}"
@@ -51,21 +59,34 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
             progress(p)
 
     on_progress.last = 0
-    init_model = load_model(resume) if resume else None
-    result = train_sft(frame, config.sft, work_dir, init_model=init_model, progress=on_progress)
-    event = publish_model(
-        result.model,
-        settings,
-        stage="sft",
-        parent=parent,
-        lineage=versions,
-        work_dir=work_dir,
-        extra_manifest={
-            "checkpoint": str(result.checkpoint_path.resolve()),
-            "samples": frame.height,
-            "sft_config": config.sft.__dict__,
-        },
-    )
+    if config.arch == "vla":
+        # A VLA warm-starts only from a VLA parent; the first VLA after pixel-policy versions starts fresh.
+        init = resume if parent_arch == "vla" else None
+        result = train_vla(frame, config.vla, work_dir, model_config=config.vla_model, init_checkpoint=init,
+                           progress=on_progress)  # fmt: skip
+        bundle = export_bundle(result.model, result.tokenizer, result.pruning, work_dir / "model.vla")
+        event = publish_artifact(
+            bundle, settings, stage="sft", parent=parent, lineage=versions,
+            extra_manifest={"arch": "vla", "checkpoint": str(result.checkpoint_path.resolve()),
+                            "samples": frame.height, "vla_config": asdict(config.vla)},
+        )  # fmt: skip
+    else:
+        init_model = load_model(resume) if resume and parent_arch == "pixel" else None
+        result = train_sft(frame, config.sft, work_dir, init_model=init_model, progress=on_progress)
+        event = publish_model(
+            result.model,
+            settings,
+            stage="sft",
+            parent=parent,
+            lineage=versions,
+            work_dir=work_dir,
+            extra_manifest={
+                "arch": "pixel",
+                "checkpoint": str(result.checkpoint_path.resolve()),
+                "samples": frame.height,
+                "sft_config": config.sft.__dict__,
+            },
+        )
     metrics.published("sft", event.version, event.produced_at, dict(event.eval))
     summary = {
         "version": event.version,
@@ -83,7 +104,7 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     return summary
 
 
-def _previous(settings: Settings) -> tuple[str, Path | None]:
+def _previous(settings: Settings) -> tuple[str, Path | None, str]:
     """The version to warm-start from: the newest one, or with a canary stage the stable one (a canary
     that was rolled back must not become the parent)."""
     if settings.canary_fraction > 0:
@@ -95,6 +116,6 @@ def _previous(settings: Settings) -> tuple[str, Path | None]:
         except FileNotFoundError:
             version = None
     if version is None:
-        return "", None
+        return "", None, ""
     manifest = json.loads((settings.artifacts_dir / "manifests" / f"{version}.json").read_text())
-    return version, Path(manifest["checkpoint"])
+    return version, Path(manifest["checkpoint"]), manifest.get("arch", "pixel")

@@ -77,6 +77,7 @@ class VLAResult:
     checkpoint_path: Path
     model: VLA = field(repr=False)
     tokenizer: ActionTokenizer = field(repr=False)
+    pruning: PruningConfig
     start_step: int
     steps: int
     losses: list[float]
@@ -298,6 +299,7 @@ def train_vla(
         checkpoint_path=ckpt_path,
         model=merge_lora(model).eval(),
         tokenizer=tok,
+        pruning=pruning,
         start_step=start_step,
         steps=steps,
         losses=losses,

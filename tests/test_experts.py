@@ -15,28 +15,11 @@ from miniwob.dom import DOMElement
 from edge_client.env import GuiEnv, task_name
 from edge_client.evaluate import evaluate, run_episode
 from edge_client.experts import UnsupportedTaskError, expert_for, supported_tasks, visible_point
-from flywheel.settings import TIER1_TASKS
+from flywheel.settings import TIER1_TASKS, TIER2_TASKS
 from schemas import Action
 
 TIER1 = list(TIER1_TASKS)
-TIER2 = [
-    "click-button-sequence",
-    "click-checkboxes",
-    "click-option",
-    "click-tab",
-    "click-collapsible",
-    "click-widget",
-    "enter-text",
-    "enter-password",
-    "login-user",
-    "use-autocomplete",
-    "grid-coordinate",
-    "navigate-tree",
-    "choose-list",
-    "enter-date",
-    "search-engine",
-    "email-inbox",
-]
+TIER2 = list(TIER2_TASKS)
 SEEDS = [101, 202, 303]  # away from 0..49, where the 50-episode measurement runs
 
 needs_browser = pytest.mark.browser  # ops/setup.sh installs chromium + chromedriver; a missing one fails loudly
