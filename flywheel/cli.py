@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     edge = sub.add_parser("edge", help="run one edge client")
     edge.add_argument("--client-id", required=True)
-    edge.add_argument("--tasks", default="tier1", help="comma-separated MiniWoB task ids and/or 'tier1', 'tier2', 'suite'")
+    edge.add_argument("--tasks", default="tier1", help="task ids and/or 'tier1', 'tier2', 'suite'")
     edge.add_argument("--episodes", type=int, default=10, help="episodes per task")
     edge.add_argument("--policy", choices=["expert", "model"], default="expert")
     edge.add_argument("--max-steps", type=int, default=10)
