@@ -49,6 +49,10 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     metrics.training_started("sft", settings.tables_dir, versions)
     await_scrape()  # a launcher's Prometheus sees the counters at 0 before training moves them
     work_dir = settings.data_dir / "learner" / "runs" / f"from-{parent or 'scratch'}"
+    if config.arch == "vla":
+        # train_vla resumes from its directory's checkpoint: only a run on the same parent *and* the same table
+        # versions may resume; new data starts a new run.
+        work_dir = work_dir.with_name(f"vla-{work_dir.name}-at-" + "-".join(str(v) for v in versions.values()))
 
     def on_progress(p: SFTProgress) -> None:
         metrics.TRAINING_STEPS.labels("sft").inc(p.step - on_progress.last)
