@@ -27,7 +27,8 @@ from edge_client.pruning import PruningConfig, keep_count, patch_prior, select_p
 from edge_client.verify import EXPECT_CHANGE, expect_change_near, expect_text
 from edge_client.vla_tokens import ActionTokenizer, Parsed
 
-BUNDLE_FORMAT = "flywheel-vla/1"
+BUNDLE_FORMAT = "flywheel-vla/2"  # 2: per-layer cache tensors and pointer inputs (learner.vla_export)
+MEMBERSHIP = 30.0  # learner.vla.MEMBERSHIP
 MAX_TEXT_TOKENS = 24  # typed text / key name
 
 
@@ -105,8 +106,10 @@ class VLARuntime:
         self.decoder = ort.InferenceSession(members["decoder.onnx"], sess_options=opts, providers=providers)
         self.patch_px = int(self.config["patch_px"])
         self.num_patches = (210 // self.patch_px) * (160 // self.patch_px)
-        heads, d = int(self.config["n_heads"]), int(self.config["d_model"])
-        self.empty_cache = np.zeros((int(self.config["n_layers"]), 1, heads, 0, d // heads), dtype=np.float32)
+        heads, d, layers = int(self.config["n_heads"]), int(self.config["d_model"]), int(self.config["n_layers"])
+        self.cols = 160 // self.patch_px
+        self.past_names = [f"past_{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
+        self.empty_cache = [np.zeros((1, heads, 0, d // heads), dtype=np.float32)] * (2 * layers)
 
     def prompt(self, instruction: str) -> list[int]:
         return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
@@ -118,30 +121,39 @@ class VLARuntime:
         t0 = time.perf_counter()
         prompt = self.prompt(instruction)
         instruction_ids = np.array([prompt[1:-1] or [0]], dtype=np.int64)
-        patches, relevance = self.encoder.run(None, {"image": screenshot_to_chw(screenshot)[None],
-                                                     "instruction_ids": instruction_ids})  # fmt: skip
+        patches, relevance, pointer_keys = self.encoder.run(None, {"image": screenshot_to_chw(screenshot)[None],
+                                                                   "instruction_ids": instruction_ids})  # fmt: skip
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
         kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
         t1 = time.perf_counter()
-        visual = patches[:, kept].astype(np.float32)  # (1, k, d)
-        pointing = {"visual": visual, "kept": kept[None]}
-        embeds = np.concatenate([visual[0], self.wte[prompt]])[None].astype(np.float32)
-        logits, keys, values = self.decoder.run(None, {"inputs_embeds": embeds, "past_keys": self.empty_cache,
-                                                       "past_values": self.empty_cache, **pointing})  # fmt: skip
+        pointing = {  # learner.vla.VLA.pointer_targets, once per step
+            "pointer_keys": pointer_keys[:, kept],
+            "col_bias": self._membership(kept % self.cols, self.cols),
+            "row_bias": self._membership(kept // self.cols, self.num_patches // self.cols),
+        }
+        embeds = np.concatenate([patches[0, kept], self.wte[prompt]])[None].astype(np.float32)
+        cache = self.empty_cache
+        logits, *cache = self.decoder.run(None, {"inputs_embeds": embeds, **pointing, **self._past(cache)})
         t2 = time.perf_counter()
-        cache = [keys, values]
 
         def advance(token: int) -> np.ndarray:
-            out, cache[0], cache[1] = self.decoder.run(
-                None,
-                {"inputs_embeds": self.wte[[token]][None], "past_keys": cache[0], "past_values": cache[1], **pointing},
-            )
+            nonlocal cache
+            embed = self.wte[[token]][None]  # (1, 1, d)
+            out, *cache = self.decoder.run(None, {"inputs_embeds": embed, **pointing, **self._past(cache)})
             return out[0]
 
         gen = greedy_generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]))
         t3 = time.perf_counter()
         timing = StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, self.num_patches, len(kept))
         return gen, timing
+
+    def _past(self, cache: list[np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.past_names, cache, strict=True))
+
+    @staticmethod
+    def _membership(index: np.ndarray, size: int) -> np.ndarray:
+        """(1, k, size): 0 where kept patch i lies in row/column c, -MEMBERSHIP elsewhere."""
+        return np.where(index[:, None] == np.arange(size), 0.0, -MEMBERSHIP).astype(np.float32)[None]
 
 
 def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decision:

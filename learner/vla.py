@@ -77,6 +77,17 @@ class VLAConfig:
         return rows * cols
 
 
+# log of a 0/1 membership matrix: 0 where patch i lies in column (row) c, -MEMBERSHIP elsewhere. Finite, so a
+# column with no kept patch keeps a tiny logit and a target under a pruned patch still has a gradient.
+MEMBERSHIP = 30.0
+
+
+class Pointer(NamedTuple):
+    keys: torch.Tensor  # (B, k, r) pointer keys of the kept visual tokens
+    col_bias: torch.Tensor  # (B, k, C) 0 where kept patch i lies in column c, -MEMBERSHIP elsewhere
+    row_bias: torch.Tensor  # (B, k, R) likewise for rows
+
+
 class Encoded(NamedTuple):
     patches: torch.Tensor  # (B, N, d) visual tokens with their 2-D position embeddings
     relevance: torch.Tensor  # (B, N) relevance logits of each patch to the instruction
@@ -200,29 +211,29 @@ class VLA(nn.Module):
         embeds = self.sequence_embeds(encoded.patches, kept, text_ids)
         attention = torch.cat([torch.ones_like(kept), (text_ids != 0).long()], dim=1)
         hidden = self.decoder.transformer(inputs_embeds=embeds, attention_mask=attention).last_hidden_state
-        vis = embeds[:, :keep]
-        logits = self.output_logits(hidden[:, keep - 1 : -1], vis, kept)  # (B, T, V)
+        pointer = self.pointer_targets(embeds[:, :keep], kept)
+        logits = self.output_logits(hidden[:, keep - 1 : -1], pointer)  # (B, T, V)
         return logits, encoded.relevance, kept
 
-    def output_logits(self, hidden: torch.Tensor, vis: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    def pointer_targets(self, vis: torch.Tensor, kept: torch.Tensor) -> Pointer:
+        """What the coordinate tokens point at, computed once per step (not once per decoded token)."""
+        in_col = ((kept % self.cols)[..., None] == torch.arange(self.cols)).float()  # (B, k, C)
+        in_row = ((kept // self.cols)[..., None] == torch.arange(self.rows)).float()  # (B, k, R)
+        return Pointer(self.pointer_k(vis), (in_col - 1.0) * MEMBERSHIP, (in_row - 1.0) * MEMBERSHIP)
+
+    def output_logits(self, hidden: torch.Tensor, pointer: Pointer) -> torch.Tensor:
         """(B, T, d) final hidden states -> (B, T, V): the LM head, with coordinate ids scored by pointing."""
         lm = self.decoder.lm_head(hidden)  # (B, T, V)
-        x_logits, y_logits = self.coordinate_logits(hidden, vis, kept)
+        x_logits, y_logits = self.coordinate_logits(hidden, pointer)
         end = self.y0 + y_logits.shape[-1]
         return torch.cat([lm[..., : self.x0], x_logits, y_logits, lm[..., end:]], dim=-1)
 
-    def coordinate_logits(
-        self, hidden: torch.Tensor, vis: torch.Tensor, kept: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def coordinate_logits(self, hidden: torch.Tensor, pointer: Pointer) -> tuple[torch.Tensor, torch.Tensor]:
         """Pointer logits of the x and y tokens: (B, T, cols * bpp) and (B, T, rows * bpp), bpp = bins per patch."""
-        r = self.pointer_q.out_features
-        s = torch.einsum("btr,bkr->btk", self.pointer_q(hidden), self.pointer_k(vis)) / math.sqrt(r)  # (B, T, k)
-        # log of a 0/1 membership matrix: 0 where patch i lies in column c, -30 elsewhere (a column with no kept
-        # patch keeps a finite, tiny logit so a target under a pruned patch still has a gradient).
-        in_col = ((kept % self.cols)[..., None] == torch.arange(self.cols)).float()  # (B, k, C)
-        in_row = ((kept // self.cols)[..., None] == torch.arange(self.rows)).float()  # (B, k, R)
-        col = torch.logsumexp(s[..., None] + (in_col[:, None] - 1.0) * 30.0, dim=2)  # (B, T, C)
-        row = torch.logsumexp(s[..., None] + (in_row[:, None] - 1.0) * 30.0, dim=2)  # (B, T, R)
+        keys, col_bias, row_bias = pointer
+        s = torch.einsum("btr,bkr->btk", self.pointer_q(hidden), keys) / math.sqrt(keys.shape[-1])  # (B, T, k)
+        col = torch.logsumexp(s[..., None] + col_bias[:, None], dim=2)  # (B, T, C)
+        row = torch.logsumexp(s[..., None] + row_bias[:, None], dim=2)  # (B, T, R)
         fine = self.fine(hidden)  # (B, T, 2 * bpp)
         fx, fy = fine[..., : self.bins_per_patch], fine[..., self.bins_per_patch :]
         x_logits = (col[..., None] + fx[..., None, :]).flatten(-2)  # (B, T, C * bpp)

@@ -1,10 +1,14 @@
 """Export the VLA for the edge: two ONNX graphs with an explicit KV cache, packed in one bundle file.
 
     encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64
-                   -> patches (1, N, d) float, relevance (1, N) float
-    decoder.onnx   inputs_embeds (1, T, d), past_keys (n_layers, 1, H, P, d/H), past_values (same),
-                   visual (1, k, d) kept patch tokens, kept (1, k) int64 their patch indices (for pointing)
-                   -> logits (1, V) of the last position, present_keys / present_values (n_layers, 1, H, P + T, d/H)
+                   -> patches (1, N, d), relevance (1, N), pointer_keys (1, N, r)
+    decoder.onnx   inputs_embeds (1, T, d), pointer_keys (1, k, r), col_bias (1, k, C), row_bias (1, k, R)
+                   (learner.vla.Pointer of the kept patches), past_key_0, past_value_0, ... (1, H, P, d/H) per layer
+                   -> logits (1, V) of the last position, present_key_0, present_value_0, ... (1, H, P + T, d/H)
+
+The cache is one tensor per layer and K/V (a stacked cache costs an extra copy of it per token) and the
+pointer inputs are computed once per step: together 2.8x faster decode steps than a stacked cache
+with per-token pointer keys (0.50 vs 1.40 ms at 400 cached positions, measured).
 
 The decoder re-implements GPT-2's forward over the trained transformers modules with the cache as
 plain tensors (HF cache classes export poorly); `check_decoder_parity` proves it equals the transformers
@@ -34,7 +38,7 @@ from edge_client.preprocess import SCREEN_H, SCREEN_W
 from edge_client.pruning import PruningConfig
 from edge_client.vla_runtime import BUNDLE_FORMAT
 from edge_client.vla_tokens import ActionTokenizer
-from learner.vla import VLA
+from learner.vla import VLA, Pointer
 
 OPSET = 17
 
@@ -43,10 +47,12 @@ class EncoderGraph(nn.Module):
     def __init__(self, model: VLA):
         super().__init__()
         self.encoder = model.encoder
+        self.pointer_k = model.pointer_k
 
-    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         encoded = self.encoder(image, instruction_ids)
-        return encoded.patches, encoded.relevance
+        # Pointer keys of every patch (a per-token linear map): the runtime keeps the rows of the kept patches.
+        return encoded.patches, encoded.relevance, self.pointer_k(encoded.patches)
 
 
 class DecoderWithCache(nn.Module):
@@ -65,38 +71,42 @@ class DecoderWithCache(nn.Module):
     def forward(
         self,
         inputs_embeds: torch.Tensor,  # (1, T, d)
-        past_keys: torch.Tensor,  # (n_layers, 1, H, P, hd)
-        past_values: torch.Tensor,  # (n_layers, 1, H, P, hd)
-        visual: torch.Tensor,  # (1, k, d) the kept visual tokens (the prompt's first k embeddings)
-        kept: torch.Tensor,  # (1, k) int64 their patch indices
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pointer_keys: torch.Tensor,  # (1, k, r)
+        col_bias: torch.Tensor,  # (1, k, C)
+        row_bias: torch.Tensor,  # (1, k, R)
+        *past: torch.Tensor,  # key_0, value_0, key_1, ...: (1, H, P, hd) each
+    ) -> tuple[torch.Tensor, ...]:
         b, t, d = inputs_embeds.shape
-        p = past_keys.shape[3]
+        p = past[0].shape[2]
         positions = torch.arange(t, dtype=torch.long)[None] + p  # (1, T) absolute positions
         h = inputs_embeds + self.wpe(positions)
         # Query i (absolute p + i) sees keys 0 .. p + i.
         visible = torch.arange(p + t)[None, :] <= positions[0][:, None]  # (T, P + T)
-        presents_k, presents_v = [], []
+        presents = []
         for layer, block in enumerate(self.blocks):
             a = block.ln_1(h)
             q, k, v = block.attn.c_attn(a).split(d, dim=2)  # 3 x (1, T, d)
             q, k, v = (x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for x in (q, k, v))  # (1, H, T, hd)
-            k = torch.cat([past_keys[layer], k], dim=2)  # (1, H, P + T, hd)
-            v = torch.cat([past_values[layer], v], dim=2)
-            presents_k.append(k)
-            presents_v.append(v)
+            k = torch.cat([past[2 * layer], k], dim=2)  # (1, H, P + T, hd)
+            v = torch.cat([past[2 * layer + 1], v], dim=2)
+            presents += [k, v]
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # (1, H, T, P + T)
             scores = scores.masked_fill(~visible, float("-inf"))
             y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
             h = h + block.attn.c_proj(y)
             h = h + block.mlp(block.ln_2(h))
-        logits = self.model.output_logits(self.ln_f(h[:, -1:]), visual, kept)[:, 0]  # (1, V)
-        return logits, torch.stack(presents_k), torch.stack(presents_v)
+        logits = self.model.output_logits(self.ln_f(h[:, -1:]), Pointer(pointer_keys, col_bias, row_bias))[:, 0]
+        return (logits, *presents)  # (1, V), then the per-layer cache
 
 
-def empty_cache(model: VLA) -> torch.Tensor:
+def cache_names(n_layers: int, kind: str) -> list[str]:
+    """['past_key_0', 'past_value_0', 'past_key_1', ...] (kind 'past') or the 'present_' outputs."""
+    return [f"{kind}_{kv}_{layer}" for layer in range(n_layers) for kv in ("key", "value")]
+
+
+def empty_cache(model: VLA) -> list[torch.Tensor]:
     cfg = model.cfg
-    return torch.zeros(cfg.n_layers, 1, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
+    return [torch.zeros(1, cfg.n_heads, 0, cfg.d_model // cfg.n_heads) for _ in range(2 * cfg.n_layers)]
 
 
 def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float:
@@ -104,16 +114,15 @@ def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float
     gen = torch.Generator().manual_seed(seed)
     dec = DecoderWithCache(model).eval()
     embeds = torch.randn(1, 12, model.cfg.d_model, generator=gen)
-    kept = torch.tensor([[3, 40, 41, 200, 300]])
-    vis = embeds[:, :5]
     worst = 0.0
     with torch.inference_mode():
-        logits, pk, pv = dec(embeds[:, :9], empty_cache(model), empty_cache(model), vis, kept)
+        pointer = model.pointer_targets(embeds[:, :5], torch.tensor([[3, 40, 41, 200, 300]]))
+        logits, *cache = dec(embeds[:, :9], *pointer, *empty_cache(model))
         for t in range(9, 12):
             hidden = model.decoder.transformer(inputs_embeds=embeds[:, :t]).last_hidden_state[:, -1:]
-            want = model.output_logits(hidden, vis, kept)[:, 0]
+            want = model.output_logits(hidden, pointer)[:, 0]
             worst = max(worst, float((logits - want).abs().max()))
-            logits, pk, pv = dec(embeds[:, t : t + 1], pk, pv, vis, kept)
+            logits, *cache = dec(embeds[:, t : t + 1], *pointer, *cache)
     if worst > atol:
         raise AssertionError(f"explicit-cache decoder differs from transformers by {worst:.2e} > {atol:.0e}")
     return worst
@@ -141,18 +150,18 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     image = torch.randint(0, 256, (1, 3, SCREEN_H, SCREEN_W), dtype=torch.uint8)
     ids = torch.randint(10, cfg.vocab_size, (1, 7))
     encoder = _export(
-        EncoderGraph(net), (image, ids), ["image", "instruction_ids"], ["patches", "relevance"],
+        EncoderGraph(net), (image, ids), ["image", "instruction_ids"], ["patches", "relevance", "pointer_keys"],
         {"image": {0: "batch"}, "instruction_ids": {0: "batch", 1: "length"}, "patches": {0: "batch"},
-         "relevance": {0: "batch"}},
+         "relevance": {0: "batch"}, "pointer_keys": {0: "batch"}},
     )  # fmt: skip
-    past = torch.zeros(cfg.n_layers, 1, cfg.n_heads, 3, cfg.d_model // cfg.n_heads)
-    cache_axes = {3: "past"}
+    past = [torch.zeros(1, cfg.n_heads, 3, cfg.d_model // cfg.n_heads) for _ in range(2 * cfg.n_layers)]
+    pointer = net.pointer_targets(torch.randn(1, 4, cfg.d_model), torch.tensor([[0, 5, 9, 30]]))
+    past_names, present_names = cache_names(cfg.n_layers, "past"), cache_names(cfg.n_layers, "present")
     decoder = _export(
-        DecoderWithCache(net),
-        (torch.randn(1, 5, d := cfg.d_model), past, past.clone(), torch.randn(1, 4, d), torch.tensor([[0, 5, 9, 30]])),
-        ["inputs_embeds", "past_keys", "past_values", "visual", "kept"], ["logits", "present_keys", "present_values"],
-        {"inputs_embeds": {1: "tokens"}, "past_keys": cache_axes, "past_values": cache_axes, "visual": {1: "kept"},
-         "kept": {1: "kept"}, "present_keys": {3: "total"}, "present_values": {3: "total"}},
+        DecoderWithCache(net), (torch.randn(1, 5, cfg.d_model), *pointer, *past),
+        ["inputs_embeds", "pointer_keys", "col_bias", "row_bias", *past_names], ["logits", *present_names],
+        {"inputs_embeds": {1: "tokens"}, "pointer_keys": {1: "kept"}, "col_bias": {1: "kept"}, "row_bias": {1: "kept"},
+         **{name: {2: "past"} for name in past_names}, **{name: {2: "total"} for name in present_names}},
     )  # fmt: skip
     wte = io.BytesIO()
     np.save(wte, net.wte.weight.detach().numpy().astype(np.float32))

@@ -42,14 +42,15 @@ def torch_step(
     t1 = time.perf_counter()
     out = model.decoder.transformer(inputs_embeds=embeds, use_cache=True)
     cache = [out.cache]
-    first = model.output_logits(out.last_hidden_state[:, -1:], visual, kept_t)[0, 0].numpy()
+    pointer = model.pointer_targets(visual, kept_t)
+    first = model.output_logits(out.last_hidden_state[:, -1:], pointer)[0, 0].numpy()
     t2 = time.perf_counter()
 
     def advance(token: int) -> np.ndarray:
         step = model.decoder.transformer(inputs_embeds=model.wte(torch.tensor([[token]])), cache=cache[0],
                                          use_cache=True)  # fmt: skip
         cache[0] = step.cache
-        return model.output_logits(step.last_hidden_state, visual, kept_t)[0, 0].numpy()
+        return model.output_logits(step.last_hidden_state, pointer)[0, 0].numpy()
 
     gen = greedy_generate(first, advance, tok, cfg.max_thought_tokens)
     t3 = time.perf_counter()
