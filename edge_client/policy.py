@@ -39,12 +39,15 @@ class Policy(Protocol):
     def act(self, obs: Observation) -> Decision: ...
 
 
-def load_policy(path, version: str, intra_op_threads: int = 1) -> Policy:
-    """A model file as a Policy: a `.vla` bundle (the VLA) or a single ONNX graph (the small pixel policy)."""
+def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None) -> Policy:
+    """A model file as a Policy: a `.vla` bundle (the VLA) or a single ONNX graph (the small pixel policy).
+    `keep_ratio` overrides a bundle's visual-token keep ratio; the pixel policy has no visual tokens."""
     from edge_client.vla_runtime import VLAPolicy, is_bundle
 
     if is_bundle(path):
-        return VLAPolicy(path, version, intra_op_threads=intra_op_threads)
+        return VLAPolicy(path, version, intra_op_threads=intra_op_threads, keep_ratio=keep_ratio)
+    if keep_ratio is not None:
+        raise ValueError(f"keep_ratio applies to VLA bundles; {path} is a single ONNX graph")
     from edge_client.onnx_policy import OnnxPolicy
 
     return OnnxPolicy(path, version, intra_op_threads=intra_op_threads)

@@ -94,7 +94,7 @@ class VLARuntime:
             pruning = PruningConfig(**{**meta["pruning"], "keep_ratio": keep_ratio})
         self.pruning = pruning
         self.tok = ActionTokenizer.from_json(members["tokenizer.json"].decode())
-        self.wte = np.load(_bytes_io(members["wte.npy"]))  # (V, d)
+        self.wte = np.load(io.BytesIO(members["wte.npy"]))  # (V, d)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
@@ -189,7 +189,3 @@ class VLAPolicy:
         self._previous = obs.screenshot
         gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous)
         return decision_from(self.runtime.tok.parse(gen.ids), gen.action_logprob, timing)
-
-
-def _bytes_io(data: bytes) -> io.BytesIO:
-    return io.BytesIO(data)

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from flywheel.settings import get_settings
@@ -128,11 +127,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from flywheel.registry import resolve_model
 
         path, version = resolve_model(args.model, settings.artifacts_dir)
-        model = load_policy(path, version, intra_op_threads=args.threads)
-        if args.keep_ratio is not None:
-            if not hasattr(model, "runtime"):
-                raise SystemExit(f"--keep-ratio applies to VLA bundles; {path} is a single ONNX graph")
-            model.runtime.pruning = replace(model.runtime.pruning, keep_ratio=args.keep_ratio)
+        model = load_policy(path, version, intra_op_threads=args.threads, keep_ratio=args.keep_ratio)
 
         def policy_for_task(_task: str):
             return model

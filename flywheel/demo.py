@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.fleet import FleetRun, run_fleet, say
+from flywheel.fleet import FleetRun, jsonable, run_fleet, say
 from flywheel.observe import demo_observability
 from flywheel.plots import write_plots
 from flywheel.processes import Child
@@ -53,7 +53,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     )
     env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
     logs = config.out / "logs"
-    report: dict = {"turns": [], "config": _jsonable(config.__dict__)}
+    report: dict = {"turns": [], "config": jsonable(config.__dict__)}
     started = time.monotonic()
     say(f"data under {settings.data_dir.resolve()}, logs under {logs.resolve()}")
     with running_broker(settings), demo_observability(config.out, config.prometheus, config.prometheus_port) as obs:
@@ -143,7 +143,3 @@ def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, work
 def _write(path: Path, report: dict, started: float) -> None:
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     path.write_text(json.dumps(report, indent=2))
-
-
-def _jsonable(values: dict) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flywheel.fleet import FleetRun, run_fleet, say
+from flywheel.fleet import FleetRun, jsonable, run_fleet, say
 from flywheel.processes import Child
 from flywheel.settings import SUITE_TASKS, Settings
 from learner.data import table_versions
@@ -41,7 +41,7 @@ class DemonstrationsConfig:
 
 def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> dict:
     report_path = config.out / REPORT_NAME
-    wanted = _jsonable({k: v for k, v in asdict(config).items() if k != "out"})
+    wanted = jsonable({k: v for k, v in asdict(config).items() if k != "out"})
     if report_path.exists():
         report = json.loads(report_path.read_text())
         if report.get("config") == wanted:
@@ -91,7 +91,3 @@ def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> 
     report["tables_dir"] = str(settings.tables_dir)
     say(f"{fleet.episodes} expert episodes, {fleet.steps_in_delta} steps in Delta ({report['wall_s']:.0f} s)")
     return report
-
-
-def _jsonable(values: dict) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in values.items()}

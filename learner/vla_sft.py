@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from edge_client.preprocess import POSITIONAL_TYPES, decode_png, screenshot_to_chw
 from edge_client.pruning import PruningConfig, keep_count, patch_prior
-from edge_client.vla_tokens import ActionTokenizer, train_tokenizer
+from edge_client.vla_tokens import ActionTokenizer, short_thought, train_tokenizer
 from learner.sft import lr_at
 from learner.vla import IGNORE, VLA, VLAConfig, target_patch_index, vla_loss
 from schemas import Action
@@ -145,8 +145,6 @@ def _previous_frames(episodes: list[str], steps: list[int], screens: list[np.nda
 
 def tokenizer_corpus(frame: pl.DataFrame) -> list[str]:
     """What the BPE is trained on: instructions, short thoughts, typed text and key names of the demonstrations."""
-    from edge_client.vla_tokens import short_thought
-
     texts = [t for t in frame["instruction"].unique().to_list() if t]
     texts += [short_thought(t) for t in frame["thought"].to_list() if t]
     texts += [t for t in frame["text"].to_list() + frame["key"].to_list() if t]
