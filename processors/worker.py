@@ -44,7 +44,7 @@ def build_app(settings: Settings) -> faust.App:
     topics = app_topics(app, settings)
     batchers: list[Batcher] = []
 
-    @app.timer(interval=BATCH_WITHIN_S / 4)
+    @app.timer(interval=BATCH_WITHIN_S / 10)
     async def flush_due_batches():
         for batcher in batchers:
             await batcher.flush_if_due()
@@ -133,4 +133,8 @@ def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel
     serve_metrics("flywheel-processors", settings.metrics_host, metrics_port)
     LagExporter(settings).start()  # consumer lag from Delta offsets, kafka_exporter's names
     app = build_app(settings)
-    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    # faust's terminal spinner sets the root logger to DEBUG so that every record moves it: each debug
+    # call in faust and aiokafka then builds a LogRecord per event. A service has no terminal to spin.
+    worker.spinner = None
+    worker.execute_from_commandline()

@@ -8,12 +8,13 @@ import faust
 
 from flywheel.kafka_clients import hide_secret_in_logs, ssl_context
 from flywheel.settings import Settings
+from streams import faust_transport
 from streams.topics import topics_for
 
 
-def broker_url(bootstrap: str) -> str:
+def broker_url(bootstrap: str, scheme: str = "kafka") -> str:
     """'h1:9092,h2:9092' -> 'kafka://h1:9092;kafka://h2:9092' (faust's multi-broker form)."""
-    return ";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip())
+    return ";".join(f"{scheme}://{server.strip()}" for server in bootstrap.split(",") if server.strip())
 
 
 def auth_options(settings: Settings) -> dict[str, Any]:
@@ -41,6 +42,7 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
     return faust.App(
         f"{settings.topic_prefix}-{app_id}",
         broker=broker_url(settings.bootstrap),
+        broker_consumer=broker_url(settings.bootstrap, faust_transport.SCHEME),
         value_serializer="raw",
         key_serializer="raw",
         store="memory://",  # state is rebuilt from its changelog topic on start
@@ -55,6 +57,12 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         broker_session_timeout=10.0,
         broker_heartbeat_interval=1.0,
         consumer_auto_offset_reset="earliest",
+        # Up to ~6,000 screenshot-sized steps per partition and fetch: every fetch round costs the fetch wait
+        # (see streams.faust_transport), and faust's 4 MB default (~750 steps) paid it too often.
+        consumer_max_fetch_size=32 * 1024 * 1024,
+        # Our sinks ack only after the Delta commit; unacked events on shutdown are simply redelivered, so
+        # waiting for them (faust's default) only delays a stop by the whole shutdown timeout.
+        stream_wait_empty=False,
         datadir=str(datadir),
         **auth_options(settings),
     )
