@@ -48,6 +48,7 @@ class DeltaSink:
         self.schema = SCHEMAS[table]
         self.partition_by = PARTITION_BY[table]
         self._dt: DeltaTable | None = None
+        self.written_version: int | None = None  # the table version of this sink's last commit
 
     def _table(self) -> DeltaTable | None:
         """The table at its newest version (None before the first commit)."""
@@ -108,8 +109,15 @@ class DeltaSink:
             schema_mode="merge",
             commit_properties=CommitProperties(app_transactions=transactions),
         )
+        # Writing through the DeltaTable object moves it to exactly our commit's version; a table this call
+        # created is opened afresh, and its version then may include others' commits, so it is not claimed.
+        self.written_version = self._dt.version() if self._dt is not None else None
         log.debug("%s: committed %d rows, offsets %s", self.table, len(rows), last)
         return len(rows)
+
+    def version(self) -> int:
+        """The table version as of the last refresh (`not_yet_written` refreshes; -1 before any commit)."""
+        return -1 if self._dt is None else self._dt.version()
 
     def existing_values(self, column: str) -> set:
         """Distinct values of one column (used to de-duplicate by business key)."""

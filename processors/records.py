@@ -87,15 +87,24 @@ def episode_records(messages: Iterable) -> tuple[list[Record], list[Record], lis
 
 class EpisodeDeduper:
     """Episode ids already in a table: assembly may emit an episode twice after a crash, with two
-    different offsets, so the offset check alone cannot catch it."""
+    different offsets, so the offset check alone cannot catch it.
+
+    The ids are loaded once and then kept up to date by this process's own commits; should the table
+    move by a commit that is not ours (another worker, which held these partitions before a rebalance),
+    they are loaded again, so a copy that worker already wrote is still recognised.
+    """
 
     def __init__(self, sink: DeltaSink):
         self.sink = sink
         self.seen: set[str] | None = None
+        self.synced_version = -2  # the table version `seen` reflects
 
     def fresh(self, records: list[Record]) -> list[Record]:
-        if self.seen is None:
-            self.seen = self.sink.existing_values("episode_id")
+        """Records whose episode is not in the table yet (call after `sink.not_yet_written`, which refreshes
+        the table); repeats become row-less records that still carry their offsets."""
+        if self.seen is None or self.sink.version() != self.synced_version:
+            self.seen = self.sink.existing_values("episode_id")  # refreshes the table again
+            self.synced_version = self.sink.version()
         kept = []
         for record in records:
             if record.key in self.seen:
@@ -104,3 +113,9 @@ class EpisodeDeduper:
                 self.seen.add(record.key)
             kept.append(record)
         return kept
+
+    def written(self) -> None:
+        """Our commit of what `fresh` kept landed: its ids are in `seen` already. Only when it directly
+        follows the version `seen` reflects is nothing else missed."""
+        if self.sink.written_version == self.synced_version + 1:
+            self.synced_version = self.sink.written_version

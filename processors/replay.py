@@ -147,6 +147,7 @@ def replay(
                     fresh = seen.fresh(sink.not_yet_written(records))
                     if fresh:
                         summary.rows[table] += sink.write(fresh)
+                        seen.written()
             if progress is not None:
                 progress(summary)
 

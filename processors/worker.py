@@ -103,7 +103,8 @@ def build_app(settings: Settings) -> faust.App:
                 (samples_sink, samples_seen, samples),
             ):
                 fresh = await asyncio.to_thread(sink.not_yet_written, records)
-                await _commit(sink, seen.fresh(fresh))
+                await _commit(sink, await asyncio.to_thread(seen.fresh, fresh))
+                seen.written()
             metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events) - len(dead))
 
