@@ -20,7 +20,7 @@ fi
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" - <<'PY' 2>/dev/null
-import importlib.metadata as md, faust, deltalake, polars, torch, onnxruntime, miniwob, kafka, pytest  # noqa
+import importlib.metadata as md, faust, uvloop, deltalake, polars, torch, onnxruntime, miniwob, kafka, pytest  # noqa
 md.version("flywheel")
 import flywheel.cli  # noqa: the checkout in use is the installed one
 PY
