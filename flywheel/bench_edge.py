@@ -1,9 +1,10 @@
 """`flywheel bench edge`: one step of the VLA, four ways, on the same weights and real MiniWoB screens.
 
-    torch_eager   PyTorch eager: the transformers forward with its KV cache, all 336 visual tokens (the baseline)
-    onnx          onnxruntime, explicit KV cache, all visual tokens
-    onnx_pruned   onnxruntime, visual tokens pruned to the bundle's keep ratio
-    onnx_int8     onnx_pruned with int8 dynamic quantisation
+    torch_eager         PyTorch eager: the transformers forward with its KV cache, all 336 visual tokens (the baseline)
+    torch_eager_pruned  the same, visual tokens pruned to the bundle's keep ratio (the baseline of onnx_pruned)
+    onnx                onnxruntime, explicit KV cache, all visual tokens
+    onnx_pruned         onnxruntime, visual tokens pruned to the bundle's keep ratio
+    onnx_int8           onnx_pruned with int8 dynamic quantisation
 
 Screens: the first screen of episodes of the Tier 1 tasks, captured from a real browser which is closed
 before any timing. Each variant runs in its own process (so peak RSS is its own), with the same thread
@@ -26,7 +27,8 @@ import numpy as np
 from flywheel.bench_pipeline import percentile
 from flywheel.settings import TIER1_TASKS
 
-VARIANTS = ("torch_eager", "onnx", "onnx_pruned", "onnx_int8")
+VARIANTS = ("torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8")
+PRUNED = {"torch_eager_pruned", "onnx_pruned", "onnx_int8"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def capture_screens(tasks: tuple[str, ...], per_task: int, seed: int) -> tuple[n
 def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions: list[str], repeats: int,
                 threads: int) -> dict:  # fmt: skip
     """Time one variant in this process; returns its figures (called in a fresh subprocess)."""
-    if variant == "torch_eager":
+    if variant.startswith("torch_eager"):
         import torch
 
         from learner.vla_infer import torch_step
@@ -66,7 +68,8 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
 
         torch.set_num_threads(threads)
         model, tok, pruning = load_vla(model_dir / "model.pt")
-        pruning = replace(pruning, keep_ratio=1.0)
+        if variant not in PRUNED:
+            pruning = replace(pruning, keep_ratio=1.0)
 
         def step(screen, instruction):
             gen, timing = torch_step(model, tok, pruning, screen, instruction, None)
@@ -123,24 +126,25 @@ def run_bench(config: EdgeBenchConfig) -> dict:
                    str(config.repeats), str(config.threads)]  # fmt: skip
             subprocess.run(cmd, check=True)
             report["variants"][variant] = json.loads(out.read_text())
-    reference = report["variants"]["torch_eager"].pop("generated")
+    # Each variant's tokens against torch's at the same pruning: 1.0 says the runtime computes what torch does.
+    generated = {name: figures.pop("generated") for name, figures in report["variants"].items()}
     for name, figures in report["variants"].items():
-        if name == "torch_eager":
-            continue
-        generated = figures.pop("generated")
-        same = [a == b for a, b in zip(generated, reference, strict=True)]
-        figures["same_tokens_as_torch"] = round(float(np.mean(same)), 3)  # torch runs unpruned: 1.0 only for onnx
-    base = report["variants"]["torch_eager"]
-    onnx = report["variants"]["onnx"]
+        if not name.startswith("torch_eager"):
+            reference = generated["torch_eager_pruned" if name in PRUNED else "torch_eager"]
+            same = [a == b for a, b in zip(generated[name], reference, strict=True)]
+            figures["same_tokens_as_torch"] = round(float(np.mean(same)), 3)
+    v = report["variants"]
+
+    def ratio(slow: str, fast: str, key: str = "step_ms_p50") -> float:
+        return round(v[slow][key] / v[fast][key], 2)
+
     report["speedups"] = {
-        "onnx_vs_torch_step": round(base["step_ms_p50"] / onnx["step_ms_p50"], 2),
-        "pruned_vs_onnx_prefill": round(
-            onnx["prefill_ms_p50"] / report["variants"]["onnx_pruned"]["prefill_ms_p50"], 2
-        ),
-        "pruned_vs_onnx_step": round(onnx["step_ms_p50"] / report["variants"]["onnx_pruned"]["step_ms_p50"], 2),
-        "int8_vs_pruned_step": round(
-            report["variants"]["onnx_pruned"]["step_ms_p50"] / report["variants"]["onnx_int8"]["step_ms_p50"], 2
-        ),
+        "onnx_vs_torch_step": ratio("torch_eager", "onnx"),
+        "onnx_pruned_vs_torch_pruned_step": ratio("torch_eager_pruned", "onnx_pruned"),
+        "onnx_pruned_vs_torch_step": ratio("torch_eager", "onnx_pruned"),
+        "pruned_vs_onnx_prefill": ratio("onnx", "onnx_pruned", "prefill_ms_p50"),
+        "pruned_vs_onnx_step": ratio("onnx", "onnx_pruned"),
+        "int8_vs_pruned_step": ratio("onnx_pruned", "onnx_int8"),
     }
     (config.out / "edge_bench.json").write_text(json.dumps(report, indent=2))
     return report
@@ -149,9 +153,9 @@ def run_bench(config: EdgeBenchConfig) -> dict:
 def format_report(report: dict) -> str:
     cols = ["step_ms_p50", "step_ms_p95", "prefill_ms_p50", "decode_tokens_per_s", "peak_rss_mb",
             "visual_tokens_kept", "visual_tokens_total"]  # fmt: skip
-    lines = [f"{'variant':14s}" + "".join(f"{c:>21s}" for c in cols)]
+    lines = [f"{'variant':20s}" + "".join(f"{c:>21s}" for c in cols)]
     for name, figures in report["variants"].items():
-        lines.append(f"{name:14s}" + "".join(f"{figures[c]:>21}" for c in cols))
+        lines.append(f"{name:20s}" + "".join(f"{figures[c]:>21}" for c in cols))
     lines.append("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
     return "\n".join(lines)
 

@@ -74,15 +74,19 @@ def test_bench_edge_reports_every_variant_side_by_side(release, tmp_path):
                       "--screens-per-task", "1", "--repeats", "1")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "edge_bench.json").read_text())
-    assert set(report["variants"]) == {"torch_eager", "onnx", "onnx_pruned", "onnx_int8"}
+    assert set(report["variants"]) == {"torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8"}
     keys = {"step_ms_p50", "step_ms_p95", "prefill_ms_p50", "decode_tokens_per_s", "peak_rss_mb",
             "visual_tokens_total", "visual_tokens_kept"}  # fmt: skip
     for figures in report["variants"].values():
         assert keys <= set(figures) and figures["step_ms_p50"] > 0 and figures["visual_tokens_total"] == 336
     assert report["variants"]["onnx"]["visual_tokens_kept"] == 336
     assert report["variants"]["onnx_pruned"]["visual_tokens_kept"] == 84
-    assert report["variants"]["onnx"]["same_tokens_as_torch"] == 1.0  # parity on real screens
-    assert "onnx_vs_torch_step" in report["speedups"] and "torch_eager" in result.stdout
+    assert report["variants"]["torch_eager_pruned"]["visual_tokens_kept"] == 84
+    # parity on real screens, unpruned and pruned alike
+    assert report["variants"]["onnx"]["same_tokens_as_torch"] == 1.0
+    assert report["variants"]["onnx_pruned"]["same_tokens_as_torch"] == 1.0
+    assert {"onnx_vs_torch_step", "onnx_pruned_vs_torch_pruned_step"} <= set(report["speedups"])
+    assert "torch_eager_pruned" in result.stdout
 
 
 def test_learner_publishes_a_vla_bundle_that_an_edge_client_hot_swaps_in(release, tmp_path):
