@@ -1,4 +1,4 @@
-"""`flywheel bench edge`: one step of the VLA, four ways, on the same weights and real MiniWoB screens.
+"""`flywheel bench edge`: one step of the VLA, five ways, on the same weights and real MiniWoB screens.
 
     torch_eager         PyTorch eager: the transformers forward with its KV cache, all 336 visual tokens (the baseline)
     torch_eager_pruned  the same, visual tokens pruned to the bundle's keep ratio (the baseline of onnx_pruned)
