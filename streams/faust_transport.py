@@ -51,7 +51,7 @@ class Consumer(faust_aiokafka.Consumer):
                 batch = self.getmany(timeout=1.0)
                 await asyncio.sleep(0)  # getmany may return at once, again and again: let the loop run
                 if not self.should_stop:
-                    interrupted = asyncio.ensure_future(self.wait_first(self.suspend_flow.wait()))
+                    interrupted = self._interruption()
                     try:
                         delivered = 0
                         async for tp, message in batch:
@@ -67,7 +67,7 @@ class Consumer(faust_aiokafka.Consumer):
                                 self._n_acked = 0
                                 await self.commit()
                             if interrupted.done() and not self.suspend_flow.is_set():  # resumed since
-                                interrupted = asyncio.ensure_future(self.wait_first(self.suspend_flow.wait()))
+                                interrupted = self._interruption()
                             await self._deliver(message, interrupted)
                             read_offset[tp] = offset
                     finally:
@@ -86,6 +86,10 @@ class Consumer(faust_aiokafka.Consumer):
             raise
         finally:
             self.diag.unset_flag(CONSUMER_FETCHING)
+
+    def _interruption(self) -> asyncio.Future:
+        """Completes when the flow is suspended or the consumer stops or crashes (wait_first's conditions)."""
+        return asyncio.ensure_future(self.wait_first(self.suspend_flow.wait()))
 
     async def _deliver(self, message: object, interrupted: asyncio.Future) -> None:
         delivery = asyncio.ensure_future(self.callback(message))
