@@ -3,8 +3,9 @@
 One step:
     encoder(image, instruction)        -> patches (N, d), relevance (N,)
     select_patches(relevance + prior)  -> kept (k,)                       (edge_client.pruning)
-    prefill decoder([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache
-    repeat: token = argmax(logits masked by the action grammar); decoder(wte[token], cache) until <eos>
+    prefill([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache (copied into the cache buffers)
+    repeat: token = argmax(logits masked by the action grammar); decode(wte[token], cache) until <eos>
+            (decode appends the token's keys/values to the cache buffers in place)
     parse tokens -> thought + action
 """
 
@@ -27,9 +28,11 @@ from edge_client.pruning import PruningConfig, keep_count, patch_prior, select_p
 from edge_client.verify import EXPECT_CHANGE, expect_change_near, expect_text
 from edge_client.vla_tokens import ActionTokenizer, Parsed
 
-BUNDLE_FORMAT = "flywheel-vla/2"  # 2: per-layer cache tensors and pointer inputs (learner.vla_export)
-MEMBERSHIP = 30.0  # learner.vla.MEMBERSHIP
+BUNDLE_FORMAT = "flywheel-vla/3"  # 3: prefill + decode graphs, the cache appended to in place (learner.vla_export)
+GRAPHS = ("encoder.onnx", "prefill.onnx", "decode.onnx")
+WEIGHTS = "weights.bin"  # the graphs' shared external data (learner.vla_export.share_weights)
 MAX_TEXT_TOKENS = 24  # typed text / key name
+MAX_NEW_TOKENS = 64  # thought + action
 
 
 def is_bundle(path: str | Path) -> bool:
@@ -50,7 +53,7 @@ def greedy_generate(
     advance: Callable[[int], np.ndarray],  # feed one token, get the next (V,) logits
     tok: ActionTokenizer,
     max_thought_tokens: int,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> Generation:
     """Greedy decoding under the action grammar (ActionTokenizer.allowed_next); backend-agnostic."""
     ids: list[int] = []
@@ -101,15 +104,28 @@ class VLARuntime:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a shared 2-core box
+        # Held for the sessions' lifetime: onnxruntime may use the tensors in this buffer where they lie.
+        self._weights = np.frombuffer(members[WEIGHTS], dtype=np.uint8)
+        opts.add_external_initializers_from_files_in_memory([WEIGHTS], [self._weights], [len(self._weights)])
         providers = ["CPUExecutionProvider"]
         self.encoder = ort.InferenceSession(members["encoder.onnx"], sess_options=opts, providers=providers)
-        self.decoder = ort.InferenceSession(members["decoder.onnx"], sess_options=opts, providers=providers)
+        self.prefill = ort.InferenceSession(members["prefill.onnx"], sess_options=opts, providers=providers)
+        self.decode = ort.InferenceSession(members["decode.onnx"], sess_options=opts, providers=providers)
         self.patch_px = int(self.config["patch_px"])
-        self.num_patches = (210 // self.patch_px) * (160 // self.patch_px)
+        self.rows, self.cols = 210 // self.patch_px, 160 // self.patch_px
+        self.num_patches = self.rows * self.cols
         heads, d, layers = int(self.config["n_heads"]), int(self.config["d_model"]), int(self.config["n_layers"])
-        self.cols = 160 // self.patch_px
-        self.past_names = [f"past_{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
-        self.empty_cache = [np.zeros((1, heads, 0, d // heads), dtype=np.float32)] * (2 * layers)
+        # The KV cache: one buffer per layer and K/V, bound as both the decode graph's cache input and its
+        # present output, which its attention appends to in place. Room for every patch and the longest
+        # prompt and answer; a step only reads the slots it filled.
+        capacity = self.num_patches + int(self.config["max_instruction_tokens"]) + 2 + MAX_NEW_TOKENS
+        self.cache = [np.zeros((1, heads, capacity, d // heads), np.float32) for _ in range(2 * layers)]
+        self.logits = np.zeros((1, self.tok.vocab_size), np.float32)
+        self.binding = self.decode.io_binding()
+        for name, buffer in zip(cache_names(layers), self.cache, strict=True):
+            self.binding.bind_ortvalue_input(f"cache_{name}", ort.OrtValue.ortvalue_from_numpy(buffer))
+            self.binding.bind_ortvalue_output(f"present_{name}", ort.OrtValue.ortvalue_from_numpy(buffer))
+        self.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.logits))
 
     def prompt(self, instruction: str) -> list[int]:
         return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
@@ -126,34 +142,47 @@ class VLARuntime:
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
         kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
         t1 = time.perf_counter()
-        pointing = {  # learner.vla.VLA.pointer_targets, once per step
-            "pointer_keys": pointer_keys[:, kept],
-            "col_bias": self._membership(kept % self.cols, self.cols),
-            "row_bias": self._membership(kept // self.cols, self.num_patches // self.cols),
-        }
-        embeds = np.concatenate([patches[0, kept], self.wte[prompt]])[None].astype(np.float32)
-        cache = self.empty_cache
-        logits, *cache = self.decoder.run(None, {"inputs_embeds": embeds, **pointing, **self._past(cache)})
+        in_col, in_row = membership(kept, self.cols, self.rows)
+        pointing = {"pointer_keys": pointer_keys[0, kept], "in_col": in_col, "in_row": in_row}
+        embeds = np.concatenate([patches[0, kept], self.wte[prompt]]).astype(np.float32)
+        logits, *presents = self.prefill.run(None, {"inputs_embeds": embeds, **pointing})
+        length = len(embeds)
+        for buffer, present in zip(self.cache, presents, strict=True):
+            buffer[:, :, :length] = present
+        for name, value in pointing.items():
+            self.binding.bind_cpu_input(name, value)
         t2 = time.perf_counter()
 
         def advance(token: int) -> np.ndarray:
-            nonlocal cache
-            embed = self.wte[[token]][None]  # (1, 1, d)
-            out, *cache = self.decoder.run(None, {"inputs_embeds": embed, **pointing, **self._past(cache)})
-            return out[0]
+            nonlocal length
+            length += 1
+            inputs = {  # held until the run is done: the binding may point into their memory
+                "inputs_embeds": self.wte[[token]],
+                "positions": np.array([length - 1], dtype=np.int64),
+                "seqlens_k": np.array([length - 1], dtype=np.int32),  # GroupQueryAttention's total - 1
+                "total_len": np.array(length, dtype=np.int32),
+            }
+            for name, value in inputs.items():
+                self.binding.bind_cpu_input(name, value)
+            self.decode.run_with_iobinding(self.binding)
+            return self.logits[0]  # overwritten by the next call: greedy_generate reads it before that
 
         gen = greedy_generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]))
         t3 = time.perf_counter()
         timing = StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, self.num_patches, len(kept))
         return gen, timing
 
-    def _past(self, cache: list[np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.past_names, cache, strict=True))
 
-    @staticmethod
-    def _membership(index: np.ndarray, size: int) -> np.ndarray:
-        """(1, k, size): 0 where kept patch i lies in row/column c, -MEMBERSHIP elsewhere."""
-        return np.where(index[:, None] == np.arange(size), 0.0, -MEMBERSHIP).astype(np.float32)[None]
+def cache_names(n_layers: int) -> list[str]:
+    """['key_0', 'value_0', 'key_1', ...]: the decoder graphs' cache_* inputs and present_* outputs."""
+    return [f"{kv}_{layer}" for layer in range(n_layers) for kv in ("key", "value")]
+
+
+def membership(kept: np.ndarray, cols: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, C) and (k, R) float32: 1 where kept patch i (raster index) lies in column c / row r."""
+    in_col = (kept[:, None] % cols == np.arange(cols)).astype(np.float32)
+    in_row = (kept[:, None] // cols == np.arange(rows)).astype(np.float32)
+    return in_col, in_row
 
 
 def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decision:

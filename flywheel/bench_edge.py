@@ -8,7 +8,10 @@
 
 Screens: the first screen of episodes of the Tier 1 tasks, captured from a real browser which is closed
 before any timing. Each variant runs in its own process (so peak RSS is its own), with the same thread
-count, a warm-up pass, then `repeats` timed passes over every screen. Results: DIR/edge_bench.json.
+count, a warm-up pass, then `repeats` timed passes over every screen. This shared VM's speed drifts by
+tens of percent over minutes (torch eager's step measured 46 to 68 ms in runs an hour apart), so the
+variants run in `rounds`, in alternating order, and each figure is the median over the rounds; every
+round's step_ms_p50 is kept too. Results: DIR/edge_bench.json.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class EdgeBenchConfig:
     out: Path
     screens_per_task: int = 4
     repeats: int = 2
+    rounds: int = 1
+    """Every variant once per round, in alternating order; figures are medians over the rounds."""
     threads: int = 1
     seed: int = 2_000_000
     """Episode seeds of the captured screens (far from training seeds)."""
@@ -117,15 +122,19 @@ def run_bench(config: EdgeBenchConfig) -> dict:
     screens, instructions = capture_screens(TIER1_TASKS, config.screens_per_task, config.seed)
     report: dict = {"variants": {}, "screens": len(screens), "tasks": list(TIER1_TASKS),
                     "model_dir": str(config.model_dir)}  # fmt: skip
+    runs: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "screens.npz"
         np.savez(data, screens=screens, instructions=np.array(instructions))
-        for variant in VARIANTS:
-            out = Path(tmp) / f"{variant}.json"
-            cmd = [sys.executable, "-m", "flywheel.bench_edge", variant, str(config.model_dir), str(data), str(out),
-                   str(config.repeats), str(config.threads)]  # fmt: skip
-            subprocess.run(cmd, check=True)
-            report["variants"][variant] = json.loads(out.read_text())
+        for round_ in range(config.rounds):
+            for variant in VARIANTS if round_ % 2 == 0 else reversed(VARIANTS):
+                out = Path(tmp) / f"{variant}.json"
+                cmd = [sys.executable, "-m", "flywheel.bench_edge", variant, str(config.model_dir), str(data),
+                       str(out), str(config.repeats), str(config.threads)]  # fmt: skip
+                subprocess.run(cmd, check=True)
+                runs[variant].append(json.loads(out.read_text()))
+    for variant, figures in runs.items():
+        report["variants"][variant] = median_figures(figures)
     # Each variant's tokens against torch's at the same pruning: 1.0 says the runtime computes what torch does.
     generated = {name: figures.pop("generated") for name, figures in report["variants"].items()}
     for name, figures in report["variants"].items():
@@ -148,6 +157,16 @@ def run_bench(config: EdgeBenchConfig) -> dict:
     }
     (config.out / "edge_bench.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def median_figures(rounds: list[dict]) -> dict:
+    """One variant's figures over the rounds: numbers by their median, the rest (tokens, counts) from round 1."""
+    merged = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if isinstance(value, float):
+            merged[key] = round(float(np.median([r[key] for r in rounds])), 3)
+    merged["rounds_step_ms_p50"] = [r["step_ms_p50"] for r in rounds]
+    return merged
 
 
 def format_report(report: dict) -> str:

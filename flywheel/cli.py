@@ -207,6 +207,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             out=Path(args.out),
             screens_per_task=args.screens_per_task,
             repeats=args.repeats,
+            rounds=args.rounds,
             threads=args.threads,
         )
         print(bench_edge.format_report(bench_edge.run_bench(edge_config)))
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--screens-per-task", type=int, default=4, help="edge: Tier 1 screens per task")
     bench.add_argument("--repeats", type=int, default=2, help="edge: timed passes over the screens")
+    bench.add_argument("--rounds", type=int, default=3, help="edge: runs of every variant; figures are medians")
     bench.add_argument("--threads", type=int, default=1, help="edge: intra-op threads of every variant")
     bench.set_defaults(func=cmd_bench)
     return parser

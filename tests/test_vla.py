@@ -222,8 +222,9 @@ def test_int8_bundle_quantises_matmuls_and_still_acts(frame, bundle):
 
     path, int8 = bundle
     with zipfile.ZipFile(int8) as zf:
-        ops = {node.op_type for node in onnx.load_from_string(zf.read("decoder.onnx")).graph.node}
-    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 weights, activations quantised per call
+        for graph in ("prefill.onnx", "decode.onnx"):
+            ops = {node.op_type for node in onnx.load_from_string(zf.read(graph)).graph.node}
+            assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 weights, activations quantised per call
     assert int8.stat().st_size < path.stat().st_size
     policy = VLAPolicy(int8, "tiny-int8")
     from edge_client.policy import Observation
