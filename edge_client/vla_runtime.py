@@ -82,7 +82,10 @@ class StepTiming:
 
 
 class VLARuntime:
-    """Loads a `.vla` bundle (learner.vla_export) into two onnxruntime sessions."""
+    """Loads a `.vla` bundle (learner.vla_export) into three onnxruntime sessions.
+
+    One step at a time: the KV cache and the decode graph's binding belong to the runtime, not the step.
+    """
 
     def __init__(self, path: str | Path, intra_op_threads: int = 1, keep_ratio: float | None = None):
         with zipfile.ZipFile(path) as zf:

@@ -49,6 +49,10 @@ class VLAConfig:
     """Side of a visual token's patch in pixels: 10 -> 21x16 = 336 tokens. Must be even and divide 210 and 160."""
     stem_channels: int = 48
     """Channels of the stem at 2x the patch grid's resolution (42x32 for 10 px patches)."""
+    context_kernel: tuple[int, int] | None = None
+    """(rows, cols) of a depthwise conv over the patch grid that mixes each visual token with its neighbours,
+    so its features (and its pointer key) span a word, not 2-3 letters: (3, 7) sees +-30 px along a line.
+    None: no mixing (the models before it)."""
     d_model: int = 160
     """Width of the decoder and of the visual tokens."""
     n_layers: int = 4
@@ -109,6 +113,12 @@ class PatchEncoder(nn.Module):
             nn.GELU(),
         )
         self.patchify = nn.Conv2d(c, d, 2, stride=2)  # (B, d, 21, 16)
+        self.context = None
+        if cfg.context_kernel:
+            kh, kw = cfg.context_kernel
+            self.context = nn.Sequential(
+                nn.Conv2d(d, d, (kh, kw), padding=(kh // 2, kw // 2), groups=d), nn.GELU(), nn.Conv2d(d, d, 1)
+            )
         self.norm = nn.LayerNorm(d)
         # Coordinate tokens of each patch row / column centre (edge_client.vla_tokens puts them at fixed ids).
         specials = special_tokens(cfg.bin_px)
@@ -130,6 +140,8 @@ class PatchEncoder(nn.Module):
     def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> Encoded:
         x = (image.float() - PIXEL_MEAN) / PIXEL_STD  # (B, 3, 210, 160)
         x = self.patchify(self.stem(x))  # (B, d, R, C)
+        if self.context is not None:
+            x = x + self.context(x)  # residual: the token's own patch stays its main content
         x = x.flatten(2).transpose(1, 2)  # (B, N, d), raster order
         pos = (self.wte(self.y_ids)[:, None, :] + self.wte(self.x_ids)[None, :, :]).reshape(-1, x.shape[-1])  # (N, d)
         patches = self.norm(x) + self.pos_scale * pos

@@ -11,8 +11,8 @@
 The runtime copies the prefill's keys/values into its cache buffers once per step and binds the buffers as
 both the decode graph's cache inputs and its present outputs; the decode graph's attention is onnxruntime's
 GroupQueryAttention, which appends in place. Nothing is copied or grown per token: a 356-token prefill
-plus 16 decoded tokens went from 22.7 to ~18 ms (one thread; decode 0.60 -> ~0.33 ms per token), where the
-previous graph concatenated the whole cache into fresh outputs on every token. The prefill builds its
+plus 16 decoded tokens went from 23.3 to 17-20 ms (one thread; decode 0.60 -> ~0.30 ms per token), where
+the previous graph concatenated the whole cache into fresh outputs on every token. The prefill builds its
 causal mask once as an additive bias (masked_fill per layer was a Where over (H, T, T), a fifth of the
 matmul time), runs the last layer's attention and MLP for the last position only, and keeps hidden states
 2-D so that each linear is a single Gemm. The pointer's logsumexps are computed as two small matmuls.

@@ -13,7 +13,7 @@ import torch
 
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
-from edge_client.preprocess import decode_png, encode_png
+from edge_client.preprocess import decode_png, encode_png, screenshot_to_chw
 from edge_client.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
 from edge_client.vla_runtime import VLAPolicy, VLARuntime
 from edge_client.vla_tokens import ParseError, short_thought, train_tokenizer
@@ -244,6 +244,28 @@ def test_a_bundle_from_another_format_is_refused(tmp_path):
         zf.writestr("vla.json", '{"format": "something-else/9"}')
     with pytest.raises(ValueError, match="bundle format 'something-else/9'"):
         VLARuntime(bad)
+
+
+def test_a_model_with_word_context_exports_and_the_edge_encodes_as_torch_does(trained, frame, tmp_path):
+    tok = trained[0].tokenizer
+    model = VLA(VLAConfig(vocab_size=tok.vocab_size, **TINY, context_kernel=(3, 7))).eval()
+    bundle = export_bundle(model, tok, PruningConfig(keep_ratio=0.25), tmp_path / "context.vla")
+    runtime = VLARuntime(bundle)
+    row = frame.row(0, named=True)
+    screen = decode_png(row["screenshot"])
+    ids = np.array([runtime.prompt(row["instruction"])[1:-1]])
+    got_patches, got_relevance, _ = runtime.encoder.run(
+        None, {"image": screenshot_to_chw(screen)[None], "instruction_ids": ids}
+    )
+    with torch.inference_mode():
+        want = model.encode(torch.from_numpy(screenshot_to_chw(screen)[None]), torch.from_numpy(ids))
+    assert np.abs(got_patches - want.patches.numpy()).max() < 1e-3
+    assert np.abs(got_relevance - want.relevance.numpy()).max() < 1e-3
+    # the context conv is live: without it the same weights encode differently
+    model.encoder.context = None
+    with torch.inference_mode():
+        plain = model.encode(torch.from_numpy(screenshot_to_chw(screen)[None]), torch.from_numpy(ids))
+    assert np.abs(plain.patches.numpy() - want.patches.numpy()).max() > 1e-2
 
 
 # --- learning happened -----------------------------------------------------------------------------
