@@ -68,7 +68,8 @@ class VLAConfig:
     """Pixels per coordinate token (must match the tokenizer's)."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Options left off are left out, so models without them keep the config (and the bundle bytes) they had.
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
     def from_dict(cls, data: dict) -> VLAConfig:

@@ -154,7 +154,7 @@ class PrefillGraph(_Decoder):
         h = inputs_embeds + self.wpe(positions)
         # The causal mask as an additive bias built once: masked_fill per layer was a Where over (H, T, T)
         # costing a fifth of the prefill's matmul time. exp(s - 1e9) is exactly 0, as exp(-inf) is.
-        hidden = (positions[None, :] > positions[:, None]).float() * -1e9  # (T, T)
+        mask = (positions[None, :] > positions[:, None]).float() * -1e9  # (T, T)
         presents = []
         for layer, block in enumerate(self.blocks):
             qkv = linear(block.attn.c_attn, block.ln_1(h)).split(self.d, dim=-1)
@@ -163,14 +163,14 @@ class PrefillGraph(_Decoder):
             if layer == len(self.blocks) - 1:
                 # Only the last position's output is read, and the last layer's keys and values are already
                 # in the cache: its attention and MLP run for that one position (a sixth of a prefill).
-                h, y = h[-1:], self.attend(q[:, -1:], k, v, hidden[-1:])
+                h, y = h[-1:], self.attend(q[:, -1:], k, v, mask[-1:])
             else:
                 # Queries in causal blocks, each seeing keys up to its own end: with 2 blocks a quarter of
                 # the score matrix (half of its masked triangle) is never computed; prefill -0.7 ms.
                 t = q.shape[1]
                 ends = [t * (b + 1) // CAUSAL_BLOCKS for b in range(CAUSAL_BLOCKS)]
                 starts = [0, *ends[:-1]]
-                y = torch.cat([self.attend(q[:, a:b], k[:, :b], v[:, :b], hidden[a:b, :b])
+                y = torch.cat([self.attend(q[:, a:b], k[:, :b], v[:, :b], mask[a:b, :b])
                                for a, b in zip(starts, ends, strict=True)], dim=1)  # fmt: skip
             h = self.rest_of_block(block, h, y.transpose(0, 1).reshape(-1, self.d))
         return (self.logits(h, pointer_keys, in_col, in_row), *presents)  # (1, V), (1, H, T, hd) per layer
