@@ -252,19 +252,17 @@ def test_a_model_with_word_context_exports_and_the_edge_encodes_as_torch_does(tr
     bundle = export_bundle(model, tok, PruningConfig(keep_ratio=0.25), tmp_path / "context.vla")
     runtime = VLARuntime(bundle)
     row = frame.row(0, named=True)
-    screen = decode_png(row["screenshot"])
+    image = screenshot_to_chw(decode_png(row["screenshot"]))[None]
     ids = np.array([runtime.prompt(row["instruction"])[1:-1]])
-    got_patches, got_relevance, _ = runtime.encoder.run(
-        None, {"image": screenshot_to_chw(screen)[None], "instruction_ids": ids}
-    )
+    got_patches, got_relevance, _ = runtime.encoder.run(None, {"image": image, "instruction_ids": ids})
     with torch.inference_mode():
-        want = model.encode(torch.from_numpy(screenshot_to_chw(screen)[None]), torch.from_numpy(ids))
+        want = model.encode(torch.from_numpy(image), torch.from_numpy(ids))
     assert np.abs(got_patches - want.patches.numpy()).max() < 1e-3
     assert np.abs(got_relevance - want.relevance.numpy()).max() < 1e-3
     # the context conv is live: without it the same weights encode differently
     model.encoder.context = None
     with torch.inference_mode():
-        plain = model.encode(torch.from_numpy(screenshot_to_chw(screen)[None]), torch.from_numpy(ids))
+        plain = model.encode(torch.from_numpy(image), torch.from_numpy(ids))
     assert np.abs(plain.patches.numpy() - want.patches.numpy()).max() > 1e-2
 
 
