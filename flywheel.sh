@@ -3,10 +3,12 @@
 #   ./flywheel.sh demo --turns 2 --clients 2 --out runs/demo   # install what is missing, run the flywheel
 #   ./flywheel.sh test                                         # install what is missing, run the test suite
 #   ./flywheel.sh <any flywheel subcommand>                    # e.g. eval, kafka up, process, edge, learn
+# Everything runs in the environment ops/setup.sh builds from the lock (ops/lock/all.txt), outside the clone.
 set -euo pipefail
 cd "$(dirname "$0")"
 bash ops/setup.sh
-PYTHON=${PYTHON:-python3}
+source ops/venv.sh
+PYTHON="$FLYWHEEL_VENV/bin/python"
 if [ "${1:-}" = "test" ]; then
   shift
   set +e

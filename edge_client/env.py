@@ -38,7 +38,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.wait import WebDriverWait
 
-from edge_client.policy import Observation
+from policy.interface import Observation
 from schemas import Action
 
 log = logging.getLogger(__name__)

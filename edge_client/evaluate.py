@@ -1,8 +1,9 @@
 """Run a policy on MiniWoB++ tasks and report success per task.
 
-One browser serves every task and episode (switching task is a page load). An episode succeeds
-when it ends with raw reward > 0; its binary reward is +1 then and -1 otherwise (failure, JS
-timeout, or running out of steps). Episode i of every task uses seed `seed + i`.
+One browser serves every task and episode (switching task is a page load). Episodes run in the
+fleet's own loop (edge_client.episode), so success here means what it means in the tables: termination
+"success", the env ending the episode with raw reward > 0; its binary reward is +1 then and -1 otherwise.
+Episode i of every task uses seed `seed + i`.
 
 Partial-reward tasks (click-checkboxes and a few held-out ones) end with raw reward in (0, 1) when
 more was right than wrong; `full_success_rate` (raw reward >= 1) is reported beside the rate so
@@ -11,85 +12,15 @@ that such half-successes are visible.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from selenium.common.exceptions import WebDriverException
+from edge_client.env import EnvConfig, GuiEnv, task_name
+from edge_client.episode import EpisodeResult, run_episode
+from policy.interface import Policy
 
-from edge_client.env import EnvConfig, GuiEnv, StepResult, task_name
-from edge_client.policy import Decision, Observation, Policy
-from edge_client.verify import verify_step
-from schemas import Verify
-
-Progress = Callable[[str, int, "EpisodeResult"], None]  # (task, episode index, result)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One think -> act -> verify step: the screen acted on, the decision, and what followed."""
-
-    obs: Observation
-    decision: Decision
-    result: StepResult
-    verify: Verify
-    inference_ms: float
-
-
-@dataclass(frozen=True)
-class EpisodeResult:
-    task: str
-    seed: int
-    steps: int
-    raw_reward: float
-    termination: str  # "done" | "timeout" | "max_steps" | "error"
-    wall_s: float
-    records: list[StepRecord] = field(default_factory=list)
-
-    @property
-    def success(self) -> bool:
-        return self.termination == "done" and self.raw_reward > 0
-
-    @property
-    def binary_reward(self) -> float:
-        return 1.0 if self.success else -1.0
-
-
-def run_episode(
-    env: GuiEnv,
-    policy: Policy,
-    task: str,
-    seed: int,
-    max_steps: int = 10,
-    on_step: Callable[[StepRecord], None] | None = None,
-) -> EpisodeResult:
-    """Reset `env` to (task, seed) and let `policy` act until the episode ends or max_steps run out."""
-    t0 = time.perf_counter()
-    obs = env.reset(seed=seed, task=task)
-    records: list[StepRecord] = []
-    raw_reward, termination = 0.0, "max_steps"
-    for _ in range(max_steps):
-        t_think = time.perf_counter()
-        decision = policy.act(obs)
-        inference_ms = (time.perf_counter() - t_think) * 1000.0
-        try:
-            result = env.step(decision.action)
-        except WebDriverException:
-            # The browser broke (crash, hung renderer): the episode is lost, the next reset restarts it.
-            termination = "error"
-            break
-        check = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
-        record = StepRecord(obs, decision, result, check, inference_ms)
-        records.append(record)
-        if on_step is not None:
-            on_step(record)
-        obs = result.obs
-        if result.done:
-            raw_reward, termination = result.reward, result.info["termination"] or "done"
-            break
-    wall_s = time.perf_counter() - t0
-    return EpisodeResult(task_name(task), seed, len(records), raw_reward, termination, wall_s, records)
+Progress = Callable[[str, int, EpisodeResult], None]  # (task, episode index, result)
 
 
 def summarise(results: list[EpisodeResult]) -> dict[str, float | int | dict[str, int]]:

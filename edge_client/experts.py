@@ -22,8 +22,8 @@ from miniwob.constants import TASK_HEIGHT, TASK_WIDTH
 from miniwob.dom import DOMElement
 
 from edge_client.env import task_name
-from edge_client.policy import Decision, Observation, Policy
-from edge_client.verify import EXPECT_CHANGE, EXPECT_SUCCESS, expect_change_near, expect_text
+from policy.expectations import EXPECT_CHANGE, EXPECT_SUCCESS, expect_change_near, expect_text
+from policy.interface import Decision, Observation, Policy
 from schemas import Action
 
 Solver = Callable[[Observation], Decision]

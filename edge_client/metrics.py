@@ -1,4 +1,4 @@
-"""Prometheus metrics of an edge client (DESIGN §7 naming: base units, `_total` counters, histograms)."""
+"""Prometheus metrics of an edge client (docs/runbook.md naming: base units, `_total` counters, histograms)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 

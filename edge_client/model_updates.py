@@ -10,13 +10,13 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
+from core.settings import Settings
 from edge_client import metrics
-from edge_client.policy import Policy
-from flywheel.kafka_clients import make_consumer
-from flywheel.registry import ModelRejected, fetch_verified
-from flywheel.settings import Settings
-from flywheel.signing import TrustedKeys
+from policy.interface import Policy
+from registry.signing import TrustedKeys
+from registry.store import ModelRejected, fetch_verified
 from schemas import EventDecodeError, ModelVersionEvent, decode_event
+from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)

@@ -7,39 +7,38 @@ swaps in each new verified version at the next episode boundary.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from core.metrics import await_scrape, serve_metrics
+from core.settings import TIER1_TASKS, Settings
 from edge_client import metrics
 from edge_client.env import GuiEnv
-from edge_client.policy import Decision, Observation, Policy
-from edge_client.preprocess import encode_png
+from edge_client.episode import StepRecord, run_episode
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
-from edge_client.verify import verify_step
-from flywheel.kafka_clients import make_producer
-from flywheel.observe import await_scrape, serve_metrics
-from flywheel.settings import Settings
-from schemas import Action, StepEvent, decode_event, encode_event, new_event_id
+from policy.interface import Policy
+from policy.screen import encode_png
+from schemas import StepEvent, decode_event, encode_event, new_event_id
+from streams.kafka_clients import make_producer
 from streams.topics import topics_for
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
 class EdgeConfig:
     client_id: str
     """Names this client in every event and in episode ids."""
-    tasks: tuple[str, ...]
+    tasks: tuple[str, ...] = TIER1_TASKS
     """MiniWoB++ task ids to cycle through."""
     episodes_per_task: int = 10
     """Episodes run on each task."""
-    policy: str = "expert"
+    policy: Literal["expert", "model"] = "expert"
     """'expert' (scripted DOM oracles) or 'model' (newest ONNX version from the model-versions topic)."""
     max_steps: int = 10
-    """An episode still running after this many steps ends as a failure ('max_steps')."""
+    """An episode still running after this many steps ends as a failure (termination 'max_steps')."""
     seed: int = 0
     """Seed of the first episode; episode i of a task uses seed + i."""
     channel: str | None = None
@@ -112,9 +111,10 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
             seed = config.seed + index
             episode_id = f"{config.client_id}-{task}-{seed}-{index}"
-            success = run_episode(env, policy, task, seed, episode_id, config, publish)
-            summary.record_episode(task, success)
-            metrics.EPISODES.labels(task, "success" if success else "failure", policy.version).inc()
+            on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
+            result = run_episode(env, policy, task, seed, config.max_steps, on_step)
+            summary.record_episode(task, result.success)
+            metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
     finally:
         env.close()
         summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
@@ -125,60 +125,48 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     return summary
 
 
-def run_episode(
-    env: GuiEnv, policy: Policy, task: str, seed: int, episode_id: str, config: EdgeConfig, publish
-) -> bool:
-    """One episode; returns whether it succeeded (binary reward +1)."""
-    obs: Observation = env.reset(seed=seed, task=task)
-    for step in range(config.max_steps):
-        started = time.perf_counter()
-        try:
-            decision = policy.act(obs)  # think
-            gave_up = False
-        except LookupError as err:
-            # A scripted expert met a screen it cannot read (e.g. a widget missing from the DOM snapshot).
-            # The episode ends here as a failure, recorded as such, and the client goes on with the next.
-            log.warning("%s step %d: %s gave up: %s", episode_id, step, policy.version, err)
-            decision = Decision(thought=f"Giving up: {err}.", action=Action(type="noop"))
-            gave_up = True
-        thought_s = time.perf_counter() - started
-        metrics.observe_decision(policy.version, decision.extras, thought_s)
-        result = env.step(decision.action)  # act
-        acted_s = time.perf_counter() - started - thought_s
-        verify = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
-        verify_s = time.perf_counter() - started - thought_s - acted_s
-        out_of_steps = not result.done and (gave_up or step == config.max_steps - 1)
-        done = result.done or out_of_steps
-        reward = -1.0 if out_of_steps else result.reward
-        publish(
-            StepEvent(
-                event_id=new_event_id(),
-                client_id=config.client_id,
-                produced_at=time.time(),
-                episode_id=episode_id,
-                step=step,
-                task=task,
-                instruction=obs.instruction,
-                screenshot=encode_png(obs.screenshot),
-                thought=decision.thought,
-                action=decision.action,
-                model_version=policy.version,
-                verify=verify,
-                reward=reward,
-                done=done,
-                behaviour_logprob=decision.logprob,
-                inference_ms=thought_s * 1000,
-                env_ms=acted_s * 1000,
-                visual_tokens_total=int(decision.extras.get("visual_tokens_total", 0)),
-                visual_tokens_kept=int(decision.extras.get("visual_tokens_kept", 0)),
-            )
-        )
-        for phase, seconds in (("think", thought_s), ("act", acted_s), ("verify", verify_s)):
-            metrics.STEP_SECONDS.labels(phase).observe(seconds)
-        if done:
-            return reward > 0
-        obs = result.obs
-    return False
+def step_event(
+    record: StepRecord, client_id: str, episode_id: str, task: str, seed: int, model_version: str
+) -> StepEvent:
+    """The StepEvent of one recorded step; the final one carries the loop's termination."""
+    decision = record.decision
+    return StepEvent(
+        event_id=new_event_id(),
+        client_id=client_id,
+        produced_at=time.time(),
+        episode_id=episode_id,
+        step=record.step,
+        task=task,
+        instruction=record.obs.instruction,
+        screenshot=encode_png(record.obs.screenshot),
+        thought=decision.thought,
+        action=decision.action,
+        model_version=model_version,
+        verify=record.verify,
+        reward=record.reward,
+        done=record.done,
+        behaviour_logprob=decision.logprob,
+        inference_ms=record.think_ms,
+        env_ms=record.act_ms,
+        visual_tokens_total=int(decision.extras.get("visual_tokens_total", 0)),
+        visual_tokens_kept=int(decision.extras.get("visual_tokens_kept", 0)),
+        termination=record.termination,
+        seed=seed,
+    )
+
+
+def step_publisher(
+    publish: Callable[[StepEvent], None], client_id: str, episode_id: str, task: str, seed: int, model_version: str
+) -> Callable[[StepRecord], None]:
+    """The loop's on_step for one episode: publish the step, then observe its timings."""
+
+    def on_step(record: StepRecord) -> None:
+        publish(step_event(record, client_id, episode_id, task, seed, model_version))
+        metrics.observe_decision(model_version, record.decision.extras, record.think_ms / 1000)
+        for phase, ms in (("think", record.think_ms), ("act", record.act_ms), ("verify", record.verify_ms)):
+            metrics.STEP_SECONDS.labels(phase).observe(ms / 1000)
+
+    return on_step
 
 
 def _policy_source(config: EdgeConfig, settings: Settings):
@@ -190,8 +178,8 @@ def _policy_source(config: EdgeConfig, settings: Settings):
     if config.policy != "model":
         raise ValueError(f"policy must be 'expert' or 'model', got {config.policy!r}")
     from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
-    from edge_client.policy import load_policy
-    from flywheel.canary import channel_for
+    from policy.interface import load_policy
+    from registry.channels import channel_for
 
     channel = config.channel or channel_for(config.client_id, settings.canary_fraction)
 

@@ -21,27 +21,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from policy.expectations import EXPECT_CHANGE, EXPECT_SUCCESS
 from schemas import Action, Verify
 
 if TYPE_CHECKING:  # env.py pulls in selenium; this module stays pure
     from edge_client.env import StepResult
 
-EXPECT_SUCCESS = "episode ends with success"
-EXPECT_CHANGE = "screen changes"
 RADIUS = 20  # px: half the side of the square checked around a click; a button is ~20-40 px
 PIXEL_THRESHOLD = 24  # max |channel difference| a pixel needs to count as changed (JPEG-free PNGs: 0 noise)
 MIN_CHANGED_PIXELS = 4
 
 _NEAR = re.compile(r"changes? near \((-?[\d.]+),\s*(-?[\d.]+)\)")
 _TEXT = re.compile(r"text '(.*)' appears")
-
-
-def expect_change_near(x: float, y: float) -> str:
-    return f"screen changes near ({round(x)}, {round(y)})"
-
-
-def expect_text(text: str) -> str:
-    return f"text '{text}' appears"
 
 
 def changed_mask(before: np.ndarray, after: np.ndarray) -> np.ndarray:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from core.settings import TIER1_TASKS
 from flywheel.bench_pipeline import percentile
-from flywheel.settings import TIER1_TASKS
+from registry.store import RELEASE_DIR
 
 VARIANTS = ("torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8")
 PRUNED = {"torch_eager_pruned", "onnx_pruned", "onnx_int8"}
@@ -36,14 +37,18 @@ PRUNED = {"torch_eager_pruned", "onnx_pruned", "onnx_int8"}
 
 @dataclass(frozen=True)
 class EdgeBenchConfig:
-    model_dir: Path
+    model_dir: Path = RELEASE_DIR
     """Holds model.vla, model-int8.vla and model.pt (a release directory)."""
-    out: Path
+    out: Path = Path("runs/bench")
+    """edge_bench.json goes here."""
     screens_per_task: int = 4
+    """Tier 1 screens captured per task."""
     repeats: int = 2
-    rounds: int = 1
+    """Timed passes over the screens, per variant and round."""
+    rounds: int = 3
     """Every variant once per round, in alternating order; figures are medians over the rounds."""
     threads: int = 1
+    """Intra-op threads of every variant."""
     seed: int = 2_000_000
     """Episode seeds of the captured screens (far from training seeds)."""
 
@@ -80,7 +85,7 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
             gen, timing = torch_step(model, tok, pruning, screen, instruction, None)
             return gen, timing, timing.prefill_ms, timing.decode_ms
     else:
-        from edge_client.vla_runtime import VLARuntime
+        from policy.runtime import VLARuntime
 
         bundle = model_dir / ("model-int8.vla" if variant == "onnx_int8" else "model.vla")
         runtime = VLARuntime(bundle, intra_op_threads=threads, keep_ratio=1.0 if variant == "onnx" else None)

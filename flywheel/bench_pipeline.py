@@ -31,7 +31,6 @@ import random
 import signal
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +39,12 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 from kafka import TopicPartition
 
-from flywheel.kafka_clients import make_consumer, make_producer
-from flywheel.processes import Child
-from flywheel.settings import Settings
-from processors.tables import STEPS, table_uri
+from core.processes import Child
+from core.settings import Settings
+from flywheel.stack import local_stack
+from lake.tables import STEPS, table_uri
 from schemas import Action, StepEvent, Verify, encode_event, new_event_id
-from streams.broker import ensure_topics, running_broker
+from streams.kafka_clients import make_consumer, make_producer
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,18 @@ MODES = ("faust", "bare_consumer")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    out: Path
-    events: int = 20_000  # steps per phase and mode
-    rate: float = 1000.0  # offered steps/s in the latency phase
+    out: Path = Path("runs/bench")
+    """Where the report, each mode's tables (out/data) and logs go."""
+    events: int = 20_000
+    """Steps per phase (backlog drain, offered load) and mode."""
+    rate: float = 1000.0
+    """Offered steps/s in the latency phase."""
     steps_per_episode: int = 5
-    client_steps_per_s: float = 10.0  # one edge client's step rate, for the fleet-size statement
-    timeout_s: float = 300.0  # per phase: give up waiting for rows after this long without progress
+    """Steps of each synthetic episode (the last one ends it)."""
+    client_steps_per_s: float = 10.0
+    """One edge client's step rate, for the fleet-size statement."""
+    timeout_s: float = 300.0
+    """Per phase: give up waiting for rows after this long without progress."""
 
 
 # --- realistic payloads -----------------------------------------------------------------------------------------
@@ -71,7 +76,7 @@ def render_screens(count: int = 48, seed: int = 0) -> list[bytes]:
     import numpy as np
     from PIL import Image, ImageDraw
 
-    from edge_client.preprocess import SCREEN_H, SCREEN_W, encode_png
+    from policy.screen import SCREEN_H, SCREEN_W, encode_png
 
     rng = random.Random(seed)
     words = ["Click", "the", "button", "Submit", "OK", "Enter", "text", "color", "dialog", "link", "focus", "shape"]
@@ -241,14 +246,7 @@ def phase_stats(rows: dict[str, list[tuple[float, float]]], event_ids: list[str]
 # --- the two consumers --------------------------------------------------------------------------------------------
 
 
-def start_consumer(mode: str, settings: Settings, log_dir: Path) -> Child:
-    env = {
-        "FLYWHEEL_DATA_DIR": str(settings.data_dir),
-        "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix,
-        "FLYWHEEL_BOOTSTRAP_SERVERS": settings.bootstrap,
-    }
-    args = ["process"] if mode == "faust" else ["bench", "bare-consumer"]
-    return Child(f"bench-{mode}", args, log_dir, env)
+CONSUMER_ARGS = {"faust": ("process",), "bare_consumer": ("bench", "bare-consumer")}  # `flywheel <args>` of each
 
 
 def run_bare_consumer(settings: Settings) -> None:
@@ -291,23 +289,19 @@ def run_bare_consumer(settings: Settings) -> None:
 
 
 def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes]) -> dict:
-    settings = base.model_copy(
-        update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}-{mode}", "data_dir": config.out / "data" / mode}
-    )
-    ensure_topics(settings)
-    tables = settings.tables_dir
-    print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
-    backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode)
-    consumer = start_consumer(mode, settings, config.out / "logs")
-    try:
+    # Fresh topics and tables per mode; the consumer starts only once the backlog is in.
+    data_dir = config.out / "data" / mode
+    with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
+        settings, tables = stack.settings, stack.settings.tables_dir
+        print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
+        backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode)
+        consumer = stack.start(f"bench-{mode}", CONSUMER_ARGS[mode])
         print(f"[{mode}] capacity: draining the backlog ({backlog.events_per_s:.0f} steps/s produced)", flush=True)
         wait_for_rows(tables, set(backlog.event_ids), consumer, config.timeout_s)
         print(f"[{mode}] latency: {config.events} steps at {config.rate:.0f} steps/s", flush=True)
         live = produce_steps(settings, screens, config.events, "lat", config.steps_per_episode, config.rate)
         wait_for_rows(tables, set(live.event_ids), consumer, config.timeout_s)
-    finally:
-        consumer.stop()
-    rows = visible_rows(tables)
+    rows = visible_rows(tables)  # the consumer has stopped: its last commit is in
     capacity, latency = phase_stats(rows, backlog.event_ids), phase_stats(rows, live.event_ids)
     return {
         "events": capacity["events"] + latency["events"],
@@ -328,9 +322,9 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {}
-    with running_broker(settings):
+    with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for both modes
         for mode in MODES:
-            report[mode] = run_mode(mode, config, settings, screens)
+            report[mode] = run_mode(mode, config, stack.settings, screens)
     faust, bare = report["faust"], report["bare_consumer"]
     ratio = faust["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
     report["summary"] = {

@@ -9,32 +9,23 @@ clients return to the stable model at their next episode boundary.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from kafka import TopicPartition
 
-from flywheel.kafka_clients import make_consumer, make_producer
-from flywheel.settings import Settings
-from processors.queries import episodes_by_version
+from core.settings import Settings
+from lake.queries import episodes_by_version
 from schemas import (
-    EventDecodeError,
     ModelVersionEvent,
     RolloutDecisionEvent,
-    decode_event,
     encode_event,
     new_event_id,
 )
+from streams.kafka_clients import make_producer
+from streams.model_versions import latest_by_channel
 from streams.topics import topics_for
-
-
-def channel_for(client_id: str, canary_fraction: float) -> str:
-    """A stable hash of the client id puts the same clients in the canary every time."""
-    bucket = int(hashlib.sha256(client_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "canary" if bucket < canary_fraction else "stable"
 
 
 @dataclass(frozen=True)
@@ -55,31 +46,6 @@ def decide(canary: LiveSuccess, stable: LiveSuccess, margin: float, min_episodes
     if canary.rate >= stable.rate - margin:
         return "promote", f"{comparison}: within margin {margin}"
     return "rollback", f"{comparison}: worse by more than {margin}"
-
-
-def latest_by_channel(settings: Settings, timeout_s: float = 60.0) -> dict[str, ModelVersionEvent]:
-    """The newest ModelVersionEvent of each channel, read from the start of the compacted topic."""
-    consumer = make_consumer(settings, "canary-reader", consumer_timeout_ms=1000)
-    try:
-        partition = TopicPartition(topics_for(settings).model_versions.name, 0)
-        consumer.assign([partition])
-        end = consumer.end_offsets([partition])[partition]
-        consumer.seek_to_beginning(partition)
-        latest: dict[str, ModelVersionEvent] = {}
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(partition) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"model versions not read to offset {end} within {timeout_s} s")
-            for records in consumer.poll(timeout_ms=1000).values():
-                for record in records:
-                    try:
-                        event = decode_event(record.value, expect=ModelVersionEvent)
-                    except EventDecodeError:
-                        continue
-                    latest[event.channel] = event
-        return latest
-    finally:
-        consumer.close()
 
 
 def live_success(tables_dir: Path) -> dict[str, LiveSuccess]:

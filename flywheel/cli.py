@@ -6,10 +6,46 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from flywheel.settings import get_settings
-from flywheel.settings import parse_tasks as _tasks
+from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values
+from core.settings import TASK_ALIASES, TIER1_TASKS, get_settings, parse_tasks
+
+TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
+
+
+class HelpFormatter(DefaultsHelpFormatter):
+    """Task-list defaults by their alias ('suite', not 24 task ids)."""
+
+    def format_default(self, value: object) -> str:
+        alias = next((name for name, tasks in TASK_ALIASES.items() if value == tasks), None)
+        return alias or super().format_default(value)
+
+
+# evaluate() takes plain arguments; the command's settings (which policy to load, where the report goes) are here.
+@dataclass(frozen=True)
+class EvalConfig:
+    """`flywheel eval`: which policy, on which tasks and seeds."""
+
+    out: Path
+    """eval.json goes here."""
+    model: str = "latest"
+    """Model file, version id, 'latest' or 'release' (the committed VLA)."""
+    policy: Literal["model", "expert"] = "model"
+    """'model' (the one --model names) or 'expert' (the scripted DOM experts)."""
+    tasks: tuple[str, ...] = TIER1_TASKS
+    """MiniWoB++ task ids and/or 'tier1', 'tier2', 'suite'."""
+    episodes: int = 50
+    """Episodes per task."""
+    seed: int = 1_000_000
+    """Seed of each task's first episode (training runs use small seeds)."""
+    threads: int = 1
+    """Intra-op threads of the model."""
+    keep_ratio: float | None = None
+    """VLA: visual-token keep ratio (None: the bundle's)."""
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -37,19 +73,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 def cmd_edge(args: argparse.Namespace) -> int:
     from edge_client.runner import EdgeConfig, run_client
 
-    config = EdgeConfig(
-        client_id=args.client_id,
-        tasks=_tasks(args.tasks),
-        episodes_per_task=args.episodes,
-        policy=args.policy,
-        max_steps=args.max_steps,
-        seed=args.seed,
-        metrics_port=args.metrics_port,
-        summary_path=Path(args.summary) if args.summary else None,
-        wait_for_model_s=args.wait_for_model,
-        stop_after_s=args.stop_after_s,
-    )
-    summary = run_client(config, get_settings())
+    summary = run_client(config_from(args, EdgeConfig), get_settings())
     print(json.dumps(summary.__dict__))
     if summary.unsent:
         print(
@@ -59,8 +83,8 @@ def cmd_edge(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from flywheel.observe import serve_metrics
-    from learner.sft import SFTConfig
+    from core.metrics import serve_metrics
+    from learner.recipe import VLARecipe
     from learner.train import LearnConfig, learn_once
     from learner.vla_sft import VLATrainConfig
 
@@ -68,13 +92,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
     if args.metrics_port >= 0:
         serve_metrics("flywheel-learner", settings.metrics_host, args.metrics_port)
     # Metrics follow every 5th step (a short run still shows its loss curve); the console every 25th.
-    config = LearnConfig(
-        sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5),
-        arch=args.arch,
-        vla=VLATrainConfig(
-            steps=args.steps, batch_size=args.batch_size, seed=args.seed, log_every=5, lora_rank=args.lora_rank
-        ),  # fmt: skip
-    )
+    recipe = VLARecipe.load(args.recipe, **{**config_values(args, VLATrainConfig), "log_every": 5})
+    config = config_from(args, LearnConfig, recipe=recipe)
 
     def progress(p) -> None:
         if p.step % 25 == 0 or p.step == p.total_steps:
@@ -92,21 +111,14 @@ def cmd_learn(args: argparse.Namespace) -> int:
 def cmd_demonstrations(args: argparse.Namespace) -> int:
     from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
 
-    config = DemonstrationsConfig(
-        out=Path(args.out),
-        tasks=_tasks(args.tasks),
-        episodes_per_task=args.episodes_per_task,
-        clients=args.clients,
-        seed=args.seed,
-    )
-    report = collect_demonstrations(config, get_settings())
+    report = collect_demonstrations(config_from(args, DemonstrationsConfig), get_settings())
     print(json.dumps({k: report[k] for k in ("episodes", "steps", "success_rate", "table_versions")}))
     return 0
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from flywheel.registry import RELEASE_DIR
-    from learner.release import run_release
+    from flywheel.release import run_release
+    from registry.store import RELEASE_DIR
 
     release_dir = Path(args.release_dir) if args.release_dir else RELEASE_DIR
     manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings())
@@ -117,27 +129,28 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from edge_client.evaluate import evaluate
 
+    config = config_from(args, EvalConfig)
     settings = get_settings()
-    if args.policy == "expert":
+    if config.policy == "expert":
         from edge_client.experts import expert_for
 
         policy_for_task = expert_for
     else:
-        from edge_client.policy import load_policy
-        from flywheel.registry import resolve_model
+        from policy.interface import load_policy
+        from registry.store import resolve_model
 
-        path, version = resolve_model(args.model, settings.artifacts_dir)
-        model = load_policy(path, version, intra_op_threads=args.threads, keep_ratio=args.keep_ratio)
+        path, version = resolve_model(config.model, settings.artifacts_dir)
+        model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
 
         def policy_for_task(_task: str):
             return model
 
     def progress(task, index, result) -> None:
-        if (index + 1) % 10 == 0 or index + 1 == args.episodes:
-            print(f"  {task}: {index + 1}/{args.episodes}", file=sys.stderr, flush=True)
+        if (index + 1) % 10 == 0 or index + 1 == config.episodes:
+            print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
 
-    report = evaluate(policy_for_task, _tasks(args.tasks), args.episodes, seed=args.seed, progress=progress)
-    out = Path(args.out)
+    report = evaluate(policy_for_task, config.tasks, config.episodes, seed=config.seed, progress=progress)
+    out = config.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     for task, entry in report["tasks"].items():
@@ -156,18 +169,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from flywheel.demo import DemoConfig, run_demo
 
-    config = DemoConfig(
-        turns=args.turns,
-        clients=args.clients,
-        out=Path(args.out),
-        tasks=_tasks(args.tasks),
-        episodes_per_task=args.episodes_per_task,
-        sft_steps=args.sft_steps,
-        finetune_steps=args.finetune_steps,
-        prometheus=not args.no_prometheus,
-        prometheus_port=args.prometheus_port,
-    )
-    report = run_demo(config, get_settings())
+    report = run_demo(config_from(args, DemoConfig), get_settings())
     return 0 if all(t["steps_in_delta"] == t["steps_published"] for t in report["turns"]) else 1
 
 
@@ -195,32 +197,28 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from flywheel.bench_pipeline import BenchConfig, run_bare_consumer, run_bench
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from flywheel.bench_pipeline import BenchConfig, run_bench
 
-    if args.what == "edge":
-        from flywheel import bench_edge
-        from flywheel.registry import RELEASE_DIR
-
-        edge_config = bench_edge.EdgeBenchConfig(
-            model_dir=Path(args.model_dir) if args.model_dir else RELEASE_DIR,
-            out=Path(args.out),
-            screens_per_task=args.screens_per_task,
-            repeats=args.repeats,
-            rounds=args.rounds,
-            threads=args.threads,
-        )
-        print(bench_edge.format_report(bench_edge.run_bench(edge_config)))
-        print(f"wrote {Path(args.out) / 'edge_bench.json'}")
-        return 0
-    if args.what == "bare-consumer":  # the baseline consumer process the pipeline benchmark starts
-        run_bare_consumer(get_settings())
-        return 0
-    config = BenchConfig(
-        out=Path(args.out), events=args.events, rate=args.rate, client_steps_per_s=args.client_steps_per_s
-    )
-    report = run_bench(config, get_settings())
+    report = run_bench(config_from(args, BenchConfig), get_settings())
     return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
+
+
+def cmd_bench_edge(args: argparse.Namespace) -> int:
+    from flywheel import bench_edge
+
+    config = config_from(args, bench_edge.EdgeBenchConfig)
+    print(bench_edge.format_report(bench_edge.run_bench(config)))
+    print(f"wrote {config.out / 'edge_bench.json'}")
+    return 0
+
+
+def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
+    """The baseline consumer process the pipeline benchmark starts."""
+    from flywheel.bench_pipeline import run_bare_consumer
+
+    run_bare_consumer(get_settings())
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -230,118 +228,141 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each command's flags are added only when that command runs (main), because deriving them from a config
+# dataclass imports its module: `flywheel edge` on an edge install must not import the learner's torch.
+def _kafka(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.set_defaults(func=cmd_kafka)
+
+
+def _process(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--loglevel", default="warning")
+    p.set_defaults(func=cmd_process)
+
+
+def _edge(p: argparse.ArgumentParser) -> None:
+    from edge_client.runner import EdgeConfig
+
+    add_config_arguments(p, EdgeConfig, parse=TASKS, rename={"episodes_per_task": "--episodes",
+                         "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"})  # fmt: skip
+    p.set_defaults(func=cmd_edge)
+
+
+def _learn(p: argparse.ArgumentParser) -> None:
+    from learner.train import LearnConfig
+    from learner.vla_sft import VLATrainConfig
+
+    p.add_argument("--recipe", default="demo", help="VLA recipe: 'demo', 'release' (configs/vla_<name>.json) or a path")
+    p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
+    p.add_argument("--summary", help="write the run summary JSON here")
+    add_config_arguments(p, LearnConfig, exclude={"recipe"})
+    # cmd_learn sets log_every (the metrics' cadence), so it is no flag.
+    train = p.add_argument_group("training (VLATrainConfig)", "each one not given keeps the recipe's value")
+    add_config_arguments(train, VLATrainConfig, exclude={"log_every"}, unset=True)
+    p.set_defaults(func=cmd_learn)
+
+
+def _eval(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p, EvalConfig, parse=TASKS)
+    p.set_defaults(func=cmd_eval)
+
+
+def _demonstrations(p: argparse.ArgumentParser) -> None:
+    from flywheel.demonstrations import DemonstrationsConfig
+
+    add_config_arguments(p, DemonstrationsConfig, parse=TASKS)
+    p.set_defaults(func=cmd_demonstrations)
+
+
+def _release(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="configs/vla_release.json")
+    p.add_argument("--work", default="runs/release", help="demonstrations, checkpoints and logs")
+    p.add_argument("--release-dir", default=None, help="where model.vla + manifest.json go (default: ./release)")
+    p.set_defaults(func=cmd_release)
+
+
+def _canary(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
+    p.add_argument("--once", action="store_true", help="review once and exit")
+    p.set_defaults(func=cmd_canary)
+
+
+def _demo(p: argparse.ArgumentParser) -> None:
+    from flywheel.demo import DemoConfig
+
+    add_config_arguments(p, DemoConfig, parse=TASKS)
+    p.set_defaults(func=cmd_demo)
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus URL for the live rates")
+    p.set_defaults(func=cmd_status)
+
+
+def _replay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="tables directory to rebuild into (fresh, or a replay to resume)")
+    p.add_argument("--no-compare", action="store_true", help="only rebuild, do not compare with the live tables")
+    p.set_defaults(func=cmd_replay)
+
+
+def _dlq(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", type=int, default=100, help="the newest N (0: all)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_dlq)
+
+
+def _bench(p: argparse.ArgumentParser) -> None:
+    from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_pipeline import BenchConfig
+
+    what = p.add_subparsers(dest="what", required=True)
+    kinds = {
+        "pipeline": ("faust vs a bare consumer: capacity and latency", BenchConfig, cmd_bench_pipeline),
+        "edge": ("the VLA step five ways on real screens", EdgeBenchConfig, cmd_bench_edge),
+        "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
+    }
+    for name, (help_text, config, func) in kinds.items():
+        kind = what.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        if config is not None:
+            add_config_arguments(kind, config)
+        kind.set_defaults(func=func)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "kafka": ("the local Kafka broker (KRaft, from Maven Central jars)", _kafka),
+    "process": ("run the faust stream processors (steps -> Delta)", _process),
+    "edge": ("run one edge client", _edge),
+    "learn": ("train on the Delta tables by SFT and publish a model version", _learn),
+    "eval": ("success rate per task with the binary reward", _eval),
+    "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
+    "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),
+    "canary": ("promote or roll back the canary version by live success", _canary),
+    "demo": ("run N turns of the whole flywheel and write DIR/report.json", _demo),
+    "status": ("one screen: fleet, pipeline, learner, success by task and model version", _status),
+    "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
+    "dlq": ("list the dead letters (reason, detail, source offset, size)", _dlq),
+    "bench": ("benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step)", _bench),
+}
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, with the flags of those in `commands` (None: all of them)."""
     parser = argparse.ArgumentParser(prog="flywheel", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    kafka = sub.add_parser("kafka", help="the local Kafka broker (KRaft, from Maven Central jars)")
-    kafka.add_argument("action", choices=["up", "down", "status"])
-    kafka.set_defaults(func=cmd_kafka)
-
-    process = sub.add_parser("process", help="run the faust stream processors (steps -> Delta)")
-    process.add_argument("--metrics-port", type=int, default=0)
-    process.add_argument("--loglevel", default="warning")
-    process.set_defaults(func=cmd_process)
-
-    edge = sub.add_parser("edge", help="run one edge client")
-    edge.add_argument("--client-id", required=True)
-    edge.add_argument("--tasks", default="tier1", help="task ids and/or 'tier1', 'tier2', 'suite'")
-    edge.add_argument("--episodes", type=int, default=10, help="episodes per task")
-    edge.add_argument("--policy", choices=["expert", "model"], default="expert")
-    edge.add_argument("--max-steps", type=int, default=10)
-    edge.add_argument("--seed", type=int, default=0)
-    edge.add_argument("--metrics-port", type=int, default=0)
-    edge.add_argument("--wait-for-model", type=float, default=120.0)
-    edge.add_argument("--stop-after-s", type=float, default=None, help="stop at the next episode boundary after this")
-    edge.add_argument("--summary", help="write the run summary JSON here")
-    edge.set_defaults(func=cmd_edge)
-
-    learn = sub.add_parser("learn", help="train on the Delta tables by SFT and publish a model version")
-    learn.add_argument("--steps", type=int, default=600)
-    learn.add_argument("--batch-size", type=int, default=32)
-    learn.add_argument("--seed", type=int, default=0)
-    learn.add_argument("--arch", choices=["pixel", "vla"], default="pixel", help="the small pixel policy or the VLA")
-    learn.add_argument("--lora-rank", type=int, default=0, help="vla: train LoRA adapters of this rank (0: full)")
-    learn.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
-    learn.add_argument("--summary")
-    learn.set_defaults(func=cmd_learn)
-
-    ev = sub.add_parser("eval", help="success rate per task with the binary reward")
-    ev.add_argument("--model", default="latest", help="model file, version id, 'latest' or 'release' (committed VLA)")
-    ev.add_argument("--policy", choices=["model", "expert"], default="model")
-    ev.add_argument("--tasks", default="tier1")
-    ev.add_argument("--episodes", type=int, default=50)
-    ev.add_argument("--seed", type=int, default=1_000_000, help="first seed (training runs use small seeds)")
-    ev.add_argument("--threads", type=int, default=1)
-    ev.add_argument("--keep-ratio", type=float, default=None, help="VLA: visual-token keep ratio (default: bundle's)")
-    ev.add_argument("--out", required=True)
-    ev.set_defaults(func=cmd_eval)
-
-    dem = sub.add_parser("demonstrations", help="expert demonstrations on the suite, through Kafka into Delta")
-    dem.add_argument("--out", default="runs/demonstrations")
-    dem.add_argument("--tasks", default="suite", help="'suite' (Tier 1 + 2), 'tier1', 'tier2' or task ids")
-    dem.add_argument("--episodes-per-task", type=int, default=100, help="per client")
-    dem.add_argument("--clients", type=int, default=2)
-    dem.add_argument("--seed", type=int, default=0)
-    dem.set_defaults(func=cmd_demonstrations)
-
-    rel = sub.add_parser("release", help="demonstrations -> VLA SFT -> release/ (reproducible; resumes)")
-    rel.add_argument("--config", default="configs/vla_release.json")
-    rel.add_argument("--work", default="runs/release", help="demonstrations, checkpoints and logs")
-    rel.add_argument("--release-dir", default=None, help="where model.vla + manifest.json go (default: ./release)")
-    rel.set_defaults(func=cmd_release)
-
-    canary = sub.add_parser("canary", help="promote or roll back the canary version by live success")
-    canary.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
-    canary.add_argument("--once", action="store_true", help="review once and exit")
-    canary.set_defaults(func=cmd_canary)
-
-    demo = sub.add_parser("demo", help="run N turns of the whole flywheel and write DIR/report.json")
-    demo.add_argument("--turns", type=int, default=2)
-    demo.add_argument("--clients", type=int, default=2)
-    demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--tasks", default="tier1")
-    demo.add_argument("--episodes-per-task", type=int, default=12, help="per client and turn")
-    demo.add_argument("--sft-steps", type=int, default=800, help="SFT steps of turn 1")
-    demo.add_argument("--finetune-steps", type=int, default=300, help="SFT steps of each later turn")
-    demo.add_argument("--no-prometheus", action="store_true", help="do not start the local Prometheus")
-    demo.add_argument("--prometheus-port", type=int, default=0, help="its port on 127.0.0.1 (0: a free one)")
-    demo.set_defaults(func=cmd_demo)
-
-    st = sub.add_parser("status", help="one screen: fleet, pipeline, learner, success by task and model version")
-    st.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus URL for the live rates")
-    st.set_defaults(func=cmd_status)
-
-    rp = sub.add_parser("replay", help="rebuild the Delta tables from the Kafka log into DIR, compare with the live")
-    rp.add_argument("--out", required=True, help="tables directory to rebuild into (fresh, or a replay to resume)")
-    rp.add_argument("--no-compare", action="store_true", help="only rebuild, do not compare with the live tables")
-    rp.set_defaults(func=cmd_replay)
-
-    dlq = sub.add_parser("dlq", help="list the dead letters (reason, detail, source offset, size)")
-    dlq.add_argument("--limit", type=int, default=100, help="the newest N (0: all)")
-    dlq.add_argument("--json", action="store_true")
-    dlq.set_defaults(func=cmd_dlq)
-
-    bench = sub.add_parser("bench", help="benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step)")
-    bench.add_argument("what", choices=["pipeline", "edge", "bare-consumer"])
-    bench.add_argument("--events", type=int, default=20_000, help="steps per phase (backlog drain, offered load)")
-    bench.add_argument("--rate", type=float, default=1000.0, help="offered steps/s of the latency phase")
-    bench.add_argument("--client-steps-per-s", type=float, default=10.0, help="one edge client's steps/s")
-    bench.add_argument("--out", default="runs/bench")
-    bench.add_argument(
-        "--model-dir", default=None, help="edge: model.vla, model-int8.vla, model.pt (default ./release)"
-    )
-    bench.add_argument("--screens-per-task", type=int, default=4, help="edge: Tier 1 screens per task")
-    bench.add_argument("--repeats", type=int, default=2, help="edge: timed passes over the screens")
-    bench.add_argument("--rounds", type=int, default=3, help="edge: runs of every variant; figures are medians")
-    bench.add_argument("--threads", type=int, default=1, help="edge: intra-op threads of every variant")
-    bench.set_defaults(func=cmd_bench)
+    for name, (help_text, configure) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        if commands is None or name in commands:
+            configure(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The only top-level option (-v) takes no value, so the first word is the command.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser([command] if command else []).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )

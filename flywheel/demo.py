@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.fleet import FleetRun, jsonable, run_fleet, say
+from core.console import jsonable, say
+from core.settings import TIER1_TASKS, Settings
+from flywheel.fleet import FleetRun, run_fleet
 from flywheel.observe import demo_observability
 from flywheel.plots import write_plots
-from flywheel.processes import Child
-from flywheel.settings import TIER1_TASKS, Settings
-from streams.broker import ensure_topics, running_broker
+from flywheel.stack import LocalStack, local_stack
 
 
 @dataclass
@@ -46,32 +46,26 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
-    # Each run gets its own topics and tables, so runs never read each other's events or models.
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    settings = settings.model_copy(
-        update={"data_dir": (config.out / "data").resolve(), "topic_prefix": f"{settings.topic_prefix}-{run_id}"}
-    )
-    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
     logs = config.out / "logs"
     report: dict = {"turns": [], "config": jsonable(config.__dict__)}
     started = time.monotonic()
-    say(f"data under {settings.data_dir.resolve()}, logs under {logs.resolve()}")
-    with running_broker(settings), demo_observability(config.out, config.prometheus, config.prometheus_port) as obs:
-        ensure_topics(settings)
+    with (
+        demo_observability(config.out, config.prometheus, config.prometheus_port) as obs,
+        # Its own topics and tables, so runs never read each other's events or models.
+        local_stack(settings, logs, run="demo", data_dir=config.out / "data", env=obs.env) as stack,
+    ):
+        settings = stack.settings
+        say(f"data under {settings.data_dir}, logs under {logs.resolve()}")
         say(f"kafka ready at {settings.bootstrap}")
-        env.update(obs.env)
         if obs.url:
             say(f"prometheus at {obs.url} (every process, 1 s scrapes); live summary: "
                 f"FLYWHEEL_DATA_DIR={settings.data_dir} FLYWHEEL_TOPIC_PREFIX={settings.topic_prefix} "
                 f"flywheel status --prometheus {obs.url}")  # fmt: skip
-        worker = Child("processors", ["process"], logs, env)
-        try:
-            for turn in range(1, config.turns + 1):
-                report["turns"].append(run_turn(turn, config, settings, logs, worker, env))
-                _write(config.out / "report.json", report, started)
-        finally:
-            worker.stop()
-            report["observability"] = obs.report()
+        for turn in range(1, config.turns + 1):
+            report["turns"].append(run_turn(turn, config, stack))
+            _write(config.out / "report.json", report, started)
+        stack.close()  # the metrics window ends with the run's processes, not after a broker shutdown too
+        report["observability"] = obs.report()
         for path in write_plots(config.out, report, settings.tables_dir, obs.url):
             say(f"plot: {path.resolve()}")
     if obs.url:
@@ -89,7 +83,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     return report
 
 
-def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, worker: Child, env: dict) -> dict:
+def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
     policy = "expert" if turn == 1 else "model"
     say(f"turn {turn}: {config.clients} clients run the {policy} policy on {len(config.tasks)} tasks")
     fleet = run_fleet(
@@ -103,7 +97,7 @@ def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, work
             seed=turn * 10_000,
             drain_timeout_s=config.drain_timeout_s,
         ),
-        settings, config.out, logs, worker, env,
+        stack, config.out,
     )  # fmt: skip
     say(
         f"turn {turn}: {fleet.steps_in_delta} steps, {fleet.episodes} episodes in Delta, "
@@ -114,9 +108,7 @@ def run_turn(turn: int, config: DemoConfig, settings: Settings, logs: Path, work
     say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
     learn_started = time.monotonic()
     learner_summary = config.out / f"turn{turn}-learner.json"
-    learner = Child(
-        f"turn{turn}-learner", ["learn", "--steps", str(steps), "--summary", str(learner_summary)], logs, env
-    )
+    learner = stack.start(f"turn{turn}-learner", ["learn", "--steps", str(steps), "--summary", str(learner_summary)])
     code = learner.wait()
     learner.stop()
     if code != 0:

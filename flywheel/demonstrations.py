@@ -15,11 +15,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flywheel.fleet import FleetRun, jsonable, run_fleet, say
-from flywheel.processes import Child
-from flywheel.settings import SUITE_TASKS, Settings
+from core.console import jsonable, say
+from core.settings import SUITE_TASKS, Settings
+from flywheel.fleet import FleetRun, run_fleet
+from flywheel.stack import local_stack
 from learner.data import table_versions
-from streams.broker import ensure_topics, running_broker
 
 REPORT_NAME = "demonstrations.json"
 
@@ -37,6 +37,7 @@ class DemonstrationsConfig:
     seed: int = 0
     """Client k runs seeds seed + k * 100_000 + i: training seeds stay far below the eval seeds (1,000,000+)."""
     max_steps: int = 12
+    """An episode still running after this many steps ends as a failure."""
 
 
 def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> dict:
@@ -49,34 +50,24 @@ def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> 
             return {**report, "tables_dir": str(config.out / report["tables_dir"])}
         raise RuntimeError(f"{report_path} holds a different collection; choose another --out")
     config.out.mkdir(parents=True, exist_ok=True)
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    settings = settings.model_copy(
-        update={"data_dir": (config.out / "data").resolve(), "topic_prefix": f"{settings.topic_prefix}-demos-{run_id}"}
-    )
-    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
-    logs = config.out / "logs"
     started = time.monotonic()
-    with running_broker(settings):
-        ensure_topics(settings)
-        worker = Child("processors", ["process"], logs, env)
-        try:
-            fleet = run_fleet(
-                FleetRun(
-                    name="demos",
-                    prefix="demo-",
-                    clients=config.clients,
-                    tasks=config.tasks,
-                    episodes_per_task=config.episodes_per_task,
-                    policy="expert",
-                    seed=config.seed,
-                    seed_stride=100_000,
-                    max_steps=config.max_steps,
-                    drain_timeout_s=900.0,
-                ),
-                settings, config.out, logs, worker, env,
-            )  # fmt: skip
-        finally:
-            worker.stop()
+    with local_stack(settings, config.out / "logs", run="demos", data_dir=config.out / "data") as stack:
+        settings = stack.settings
+        fleet = run_fleet(
+            FleetRun(
+                name="demos",
+                prefix="demo-",
+                clients=config.clients,
+                tasks=config.tasks,
+                episodes_per_task=config.episodes_per_task,
+                policy="expert",
+                seed=config.seed,
+                seed_stride=100_000,
+                max_steps=config.max_steps,
+                drain_timeout_s=900.0,
+            ),
+            stack, config.out,
+        )  # fmt: skip
     report = {
         "config": wanted,
         "tables_dir": str(settings.tables_dir.relative_to(config.out.resolve())),  # the collection may move

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from flywheel.kafka_clients import make_consumer
-from flywheel.settings import Settings
+from core.settings import Settings
 from processors.replay import assign_from_beginning, read_until
+from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
 

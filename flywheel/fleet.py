@@ -1,4 +1,4 @@
-"""Run a fleet of edge clients against a running broker + processors and wait for their steps in Delta.
+"""Run a fleet of edge clients in a local stack (broker + processors) and wait for their steps in Delta.
 
 Shared by `flywheel demo` (one fleet phase per turn) and `flywheel demonstrations` (expert data at scale).
 """
@@ -10,9 +10,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.processes import Child, wait_until
-from flywheel.settings import Settings
-from processors.queries import episode_stats, step_count
+from core.console import say
+from core.processes import Child, wait_until
+from core.settings import Settings
+from flywheel.stack import LocalStack
+from lake.queries import episode_stats, step_count
 
 
 @dataclass(frozen=True)
@@ -46,20 +48,13 @@ class FleetResult:
     wall_s: float
 
 
-def jsonable(values: dict) -> dict:
-    """A config's fields as JSON values (paths as strings, tuples as lists), comparable with a loaded report."""
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def run_fleet(run: FleetRun, settings: Settings, out: Path, logs: Path, worker: Child, env: dict) -> FleetResult:
+def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
+    """The clients run in `stack`, whose worker lands their steps; their summaries go to `out`."""
     started = time.monotonic()
+    settings, worker = stack.settings, stack.worker
     summaries = [out / f"{run.name}-client{k}.json" for k in range(run.clients)]
     clients = [
-        Child(
+        stack.start(
             f"{run.name}-client{k}",
             [
                 "edge",
@@ -71,8 +66,6 @@ def run_fleet(run: FleetRun, settings: Settings, out: Path, logs: Path, worker: 
                 "--seed", str(run.seed + k * run.seed_stride),
                 "--summary", str(summaries[k]),
             ],
-            logs,
-            env,
         )
         for k in range(run.clients)
     ]  # fmt: skip

@@ -77,7 +77,7 @@ def _pipeline(path: Path, report: dict, tables_dir: Path, url: str | None) -> No
     import numpy as np
     import polars as pl
 
-    from processors.tables import STEPS, table_uri
+    from lake.tables import STEPS, table_uri
 
     obs = report.get("observability") or {}
     steps = pl.scan_delta(table_uri(tables_dir, STEPS)).select("produced_at", "ingested_at").collect()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from flywheel.settings import Settings
+from core.settings import Settings
 
 
 def render_status(settings: Settings, prometheus_url: str | None = None) -> str:
@@ -66,7 +66,7 @@ def render_status(settings: Settings, prometheus_url: str | None = None) -> str:
 
 
 def _kafka(settings: Settings) -> dict:
-    from flywheel.observe import LagExporter
+    from processors.lag import LagExporter
 
     exporter = LagExporter(settings)
     try:
@@ -120,7 +120,7 @@ def _live(url: str) -> dict | None:
 def _success_table(tables_dir: Path) -> list[str]:
     import polars as pl
 
-    from processors.tables import EPISODES, table_uri
+    from lake.tables import EPISODES, table_uri
 
     uri = table_uri(tables_dir, EPISODES)
     if not (Path(uri) / "_delta_log").is_dir():

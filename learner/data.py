@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 from deltalake import DeltaTable
 
-from processors.tables import STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import STEPS, TRAINING_SAMPLES, table_uri
 
 SFT_COLUMNS = [
     "episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y", "text", "key"

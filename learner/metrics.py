@@ -1,4 +1,4 @@
-"""Prometheus metrics of the learner (DESIGN §7 naming)."""
+"""Prometheus metrics of the learner (naming: docs/runbook.md, Metric names)."""
 
 import time
 from pathlib import Path
@@ -34,8 +34,8 @@ def training_started(stage: str, tables_dir: Path, versions: dict[str, int]) -> 
     """Stage in progress, and how old the newest training_samples row at the version read is."""
     import polars as pl
 
-    from processors.queries import success_by_task_and_version
-    from processors.tables import TRAINING_SAMPLES, table_uri
+    from lake.queries import success_by_task_and_version
+    from lake.tables import TRAINING_SAMPLES, table_uri
 
     STAGE.clear()
     STAGE.labels(stage).set(1)

@@ -1,4 +1,4 @@
-"""Publishing a trained model: ONNX export, content-addressed store, signed manifest, ModelVersionEvent.
+"""Publishing a trained model: content-addressed store, signed manifest, ModelVersionEvent.
 
 With a canary stage configured (settings.canary_fraction > 0) every version after the first goes to
 the canary channel; flywheel.canary promotes or rolls it back.
@@ -11,14 +11,12 @@ from pathlib import Path
 
 import msgspec
 
-from flywheel.canary import latest_by_channel
-from flywheel.kafka_clients import make_producer
-from flywheel.registry import store_artifact, write_manifest
-from flywheel.settings import Settings
-from flywheel.signing import load_or_create_key, sign
-from learner.export import export_onnx
-from learner.model import PixelPolicy
+from core.settings import Settings
+from registry.signing import load_or_create_key, sign
+from registry.store import store_artifact, write_manifest
 from schemas import ModelVersionEvent, encode_event, new_event_id
+from streams.kafka_clients import make_producer
+from streams.model_versions import latest_by_channel
 from streams.topics import topics_for
 
 
@@ -26,22 +24,6 @@ def next_version(artifacts_dir: Path, stage: str) -> str:
     """'sft-0003': stage plus a counter over the versions already in the store."""
     existing = list((artifacts_dir / "manifests").glob("*.json"))
     return f"{stage}-{len(existing) + 1:04d}"
-
-
-def publish_model(
-    model: PixelPolicy,
-    settings: Settings,
-    *,
-    stage: str,
-    parent: str,
-    lineage: dict[str, int],
-    work_dir: Path,
-    extra_manifest: dict | None = None,
-) -> ModelVersionEvent:
-    """Export the pixel policy to ONNX and publish it."""
-    exported = export_onnx(model, work_dir / "model.onnx")
-    extra = {"model_config": model.cfg.__dict__, **(extra_manifest or {})}
-    return publish_artifact(exported.path, settings, stage=stage, parent=parent, lineage=lineage, extra_manifest=extra)
 
 
 def publish_artifact(
@@ -53,7 +35,7 @@ def publish_artifact(
     lineage: dict[str, int],
     extra_manifest: dict | None = None,
 ) -> ModelVersionEvent:
-    """Store a model file (ONNX graph or `.vla` bundle) by digest, sign its event, send it, write its manifest."""
+    """Store a model file (a `.vla` bundle) by digest, sign its event, send it, write its manifest."""
     channel = "canary" if settings.canary_fraction > 0 and "stable" in latest_by_channel(settings) else "stable"
     uri, digest = store_artifact(artifact, settings.artifacts_dir)
     event = ModelVersionEvent(

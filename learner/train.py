@@ -1,4 +1,4 @@
-"""One learner run: read Delta, train by SFT (warm-started from the previous version), publish."""
+"""One learner run: read Delta, train the VLA by SFT (warm-started from the previous version), publish."""
 
 from __future__ import annotations
 
@@ -7,31 +7,25 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flywheel.canary import latest_by_channel
-from flywheel.observe import await_scrape
-from flywheel.registry import resolve_model
-from flywheel.settings import Settings
+from core.metrics import await_scrape
+from core.settings import Settings
 from learner import metrics
 from learner.data import load_samples, table_versions
-from learner.model import load_model
-from learner.publish import publish_artifact, publish_model
-from learner.sft import SFTConfig, SFTProgress, train_sft
+from learner.publish import publish_artifact
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLATrainConfig, train_vla
+from learner.recipe import VLARecipe
+from learner.vla_sft import VLAProgress, train_vla
+from registry.store import resolve_model
+from streams.model_versions import latest_by_channel
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class LearnConfig:
-    sft: SFTConfig
-    """Optimiser settings of the pixel policy; `sft.steps` is the step count of this run."""
-    arch: str = "pixel"
-    """'pixel' (learner.model, one ONNX graph) or 'vla' (learner.vla, a `.vla` bundle)."""
-    vla: VLATrainConfig = field(default_factory=VLATrainConfig)
-    """Optimiser settings of the VLA (arch='vla')."""
-    vla_model: dict = field(default_factory=dict)
-    """VLAConfig overrides for a fresh VLA (arch='vla', no VLA parent)."""
+    recipe: VLARecipe = field(default_factory=VLARecipe)
+    """Model, pruning and vocabulary of a fresh VLA (no parent to warm-start from) and the training settings;
+    `recipe.train.steps` is the step count of this run."""
     purposes: tuple[str, ...] = ("demo", "success")
     """training_samples purposes used by SFT: expert demonstrations and the fleet's own successes."""
     warm_start: bool = True
@@ -45,16 +39,15 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     frame = load_samples(settings.tables_dir, config.purposes, versions)
     if frame.height < config.min_samples:
         raise RuntimeError(f"only {frame.height} training samples in {settings.tables_dir} (need {config.min_samples})")
-    parent, resume, parent_arch = _previous(settings) if config.warm_start else ("", None, "")
+    parent, resume = _previous(settings) if config.warm_start else ("", None)
     metrics.training_started("sft", settings.tables_dir, versions)
     await_scrape()  # a launcher's Prometheus sees the counters at 0 before training moves them
-    work_dir = settings.data_dir / "learner" / "runs" / f"from-{parent or 'scratch'}"
-    if config.arch == "vla":
-        # train_vla resumes from its directory's checkpoint: only a run on the same parent *and* the same table
-        # versions may resume; new data starts a new run.
-        work_dir = work_dir.with_name(f"vla-{work_dir.name}-at-" + "-".join(str(v) for v in versions.values()))
+    # train_vla resumes from its directory's checkpoint: only a run on the same parent *and* the same table
+    # versions may resume; new data starts a new run.
+    at = "-".join(str(v) for v in versions.values())
+    work_dir = settings.data_dir / "learner" / "runs" / f"vla-from-{parent or 'scratch'}-at-{at}"
 
-    def on_progress(p: SFTProgress) -> None:
+    def on_progress(p: VLAProgress) -> None:
         metrics.TRAINING_STEPS.labels("sft").inc(p.step - on_progress.last)
         on_progress.last = p.step
         metrics.LOSS.labels("sft").set(p.loss)
@@ -63,34 +56,15 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
             progress(p)
 
     on_progress.last = 0
-    if config.arch == "vla":
-        # A VLA warm-starts only from a VLA parent; the first VLA after pixel-policy versions starts fresh.
-        init = resume if parent_arch == "vla" else None
-        result = train_vla(frame, config.vla, work_dir, model_config=config.vla_model, init_checkpoint=init,
-                           progress=on_progress)  # fmt: skip
-        bundle = export_bundle(result.model, result.tokenizer, result.pruning, work_dir / "model.vla")
-        event = publish_artifact(
-            bundle, settings, stage="sft", parent=parent, lineage=versions,
-            extra_manifest={"arch": "vla", "checkpoint": str(result.checkpoint_path.resolve()),
-                            "samples": frame.height, "vla_config": asdict(config.vla)},
-        )  # fmt: skip
-    else:
-        init_model = load_model(resume) if resume and parent_arch == "pixel" else None
-        result = train_sft(frame, config.sft, work_dir, init_model=init_model, progress=on_progress)
-        event = publish_model(
-            result.model,
-            settings,
-            stage="sft",
-            parent=parent,
-            lineage=versions,
-            work_dir=work_dir,
-            extra_manifest={
-                "arch": "pixel",
-                "checkpoint": str(result.checkpoint_path.resolve()),
-                "samples": frame.height,
-                "sft_config": config.sft.__dict__,
-            },
-        )
+    recipe = config.recipe
+    result = train_vla(frame, recipe.train, work_dir, model_config=recipe.model, pruning=recipe.pruning,
+                       vocab_size=recipe.vocab_size, init_checkpoint=resume, progress=on_progress)  # fmt: skip
+    bundle = export_bundle(result.model, result.tokenizer, result.pruning, work_dir / "model.vla")
+    event = publish_artifact(
+        bundle, settings, stage="sft", parent=parent, lineage=versions,
+        extra_manifest={"checkpoint": str(result.checkpoint_path.resolve()), "samples": frame.height,
+                        "vla_config": asdict(recipe.train)},
+    )  # fmt: skip
     metrics.published("sft", event.version, event.produced_at, dict(event.eval))
     summary = {
         "version": event.version,
@@ -108,7 +82,7 @@ def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     return summary
 
 
-def _previous(settings: Settings) -> tuple[str, Path | None, str]:
+def _previous(settings: Settings) -> tuple[str, Path | None]:
     """The version to warm-start from: the newest one, or with a canary stage the stable one (a canary
     that was rolled back must not become the parent)."""
     if settings.canary_fraction > 0:
@@ -120,6 +94,6 @@ def _previous(settings: Settings) -> tuple[str, Path | None, str]:
         except FileNotFoundError:
             version = None
     if version is None:
-        return "", None, ""
+        return "", None
     manifest = json.loads((settings.artifacts_dir / "manifests" / f"{version}.json").read_text())
-    return version, Path(manifest["checkpoint"]), manifest.get("arch", "pixel")
+    return version, Path(manifest["checkpoint"])

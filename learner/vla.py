@@ -1,11 +1,11 @@
 """The VLA: a patch encoder over the screenshot, visual-token pruning, and a transformers GPT-2 decoder
-that writes a short thought and then action tokens (edge_client.vla_tokens).
+that writes a short thought and then action tokens (policy.tokens).
 
     image (B,3,210,160) uint8 ─ normalise ─ conv k=s=patch_px/2 ─ conv 3x3 ─ patchify conv (k = s = 2)
                                               ─> LayerNorm ─> patches (B, N, d) + s · (wte[<x_col>] + wte[<y_row>])
     instruction ids (B, L) ─ wte ─ masked mean ─ MLP ─> query q (B, r)
     relevance (B, N) = <W_k patches, q> / sqrt(r)                       (trained to point at the target patch)
-    kept = top-k(relevance + prior)                                     (edge_client.pruning; k fixed per batch)
+    kept = top-k(relevance + prior)                                     (policy.pruning; k fixed per batch)
     decoder input = [patches[kept] | <bos> instruction <sep> | thought <act> type x y ... <eos>]
     GPT2LMHeadModel (tied embeddings) ─> next-token logits
 
@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from edge_client.preprocess import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
-from edge_client.pruning import grid_shape
-from edge_client.vla_tokens import special_tokens
+from policy.pruning import grid_shape
+from policy.screen import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
+from policy.tokens import special_tokens
 
 IGNORE = -100  # label of positions that carry no loss (visual tokens, prompt, padding)
 
@@ -121,7 +121,7 @@ class PatchEncoder(nn.Module):
                 nn.Conv2d(d, d, (kh, kw), padding=(kh // 2, kw // 2), groups=d), nn.GELU(), nn.Conv2d(d, d, 1)
             )
         self.norm = nn.LayerNorm(d)
-        # Coordinate tokens of each patch row / column centre (edge_client.vla_tokens puts them at fixed ids).
+        # Coordinate tokens of each patch row / column centre (policy.tokens puts them at fixed ids).
         specials = special_tokens(cfg.bin_px)
         centre = cfg.patch_px // 2
         x_ids = [specials.index(f"<x_{(c * cfg.patch_px + centre) // cfg.bin_px}>") for c in range(self.cols)]
@@ -198,7 +198,7 @@ class VLA(nn.Module):
         return self.encoder(image, instruction_ids)
 
     def keep_indices(self, relevance: torch.Tensor, prior: torch.Tensor, keep: int) -> torch.Tensor:
-        """(B, keep) indices of the kept patches in raster order (edge_client.pruning.select_patches in torch)."""
+        """(B, keep) indices of the kept patches in raster order (policy.pruning.select_patches in torch)."""
         top = torch.topk(relevance.detach() + prior, keep, dim=1).indices
         return top.sort(dim=1).values
 
@@ -210,7 +210,7 @@ class VLA(nn.Module):
     def forward(
         self,
         image: torch.Tensor,  # (B, 3, 210, 160) uint8
-        prior: torch.Tensor,  # (B, N) float, from edge_client.pruning.patch_prior
+        prior: torch.Tensor,  # (B, N) float, from policy.pruning.patch_prior
         instruction_ids: torch.Tensor,  # (B, L) instruction BPE ids, right-padded with 0 (the relevance query)
         text_ids: torch.Tensor,  # (B, T) prompt + target, right-padded with 0
         keep: int,

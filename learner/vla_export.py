@@ -33,7 +33,6 @@ import io
 import json
 import math
 import warnings
-import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,11 +43,12 @@ from onnx import numpy_helper
 from torch import nn
 from torch.onnx.symbolic_helper import _optional_input_placeholder_tensor
 
-from edge_client.preprocess import SCREEN_H, SCREEN_W
-from edge_client.pruning import PruningConfig
-from edge_client.vla_runtime import BUNDLE_FORMAT, GRAPHS, WEIGHTS, cache_names, membership
-from edge_client.vla_tokens import ActionTokenizer
 from learner.vla import MEMBERSHIP, VLA
+from policy.bundle import BUNDLE_FORMAT, GRAPHS, WEIGHTS, read_members, write_bundle
+from policy.pruning import PruningConfig
+from policy.runtime import cache_names, membership
+from policy.screen import SCREEN_H, SCREEN_W
+from policy.tokens import ActionTokenizer
 
 OPSET = 17
 MIN_SHARED_BYTES = 1024  # initializers moved to the shared weights file; smaller ones stay in their graph
@@ -309,19 +309,16 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     wte = io.BytesIO()
     np.save(wte, net.wte.weight.detach().numpy().astype(np.float32))
     meta = {"format": BUNDLE_FORMAT, "model_config": cfg.to_dict(), "pruning": asdict(pruning), "quantized": False}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     graphs = share_weights({"encoder.onnx": encoder, "prefill.onnx": prefill, "decode.onnx": decode})
-    _write_zip(path, {**graphs, "wte.npy": wte.getvalue(), "tokenizer.json": tok.to_json().encode(),
+    return write_bundle(path, {**graphs, "wte.npy": wte.getvalue(), "tokenizer.json": tok.to_json().encode(),
                       "vla.json": json.dumps(meta).encode()})  # fmt: skip
-    return path
 
 
 def quantize_bundle(src: str | Path, dst: str | Path) -> Path:
     """The int8 variant: dynamic quantisation (int8 weights, per-call activation scales) of MatMul/Gemm."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    members = _read_zip(Path(src))
+    members = read_members(src)
     weights = members.pop(WEIGHTS)
     tmp = Path(dst).with_suffix(".tmp-dir")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -338,8 +335,7 @@ def quantize_bundle(src: str | Path, dst: str | Path) -> Path:
     for leftover in tmp.iterdir():
         leftover.unlink()
     tmp.rmdir()
-    _write_zip(Path(dst), members)
-    return Path(dst)
+    return write_bundle(dst, members)
 
 
 def share_weights(graphs: dict[str, bytes]) -> dict[str, bytes]:
@@ -379,19 +375,3 @@ def inline_weights(graph: bytes, weights: bytes) -> bytes:
             init.data_location = onnx.TensorProto.DEFAULT
             del init.external_data[:]
     return model.SerializeToString()
-
-
-def _write_zip(path: Path, members: dict[str, bytes]) -> None:
-    # Fixed timestamps: the same weights give the same bytes, so the same sha256.
-    tmp = path.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name in sorted(members):
-            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, members[name])
-    tmp.replace(path)
-
-
-def _read_zip(path: Path) -> dict[str, bytes]:
-    with zipfile.ZipFile(path) as zf:
-        return {name: zf.read(name) for name in zf.namelist()}

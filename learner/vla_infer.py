@@ -1,7 +1,7 @@
 """The VLA in PyTorch eager mode: the reference the edge runtime is checked and benchmarked against.
 
 The transformers GPT-2 forward with its own KV cache, one token per call, greedy under the same action
-grammar (edge_client.vla_runtime.greedy_generate), same preprocessing and pruning. transformers' `generate`
+grammar (policy.runtime.greedy_generate), same preprocessing and pruning. transformers' `generate`
 cannot be used as is: the coordinate tokens are scored by the model's pointer head, not by its LM head.
 """
 
@@ -11,12 +11,13 @@ import time
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
-from edge_client.preprocess import screenshot_to_chw
-from edge_client.pruning import PruningConfig, keep_count, patch_prior, select_patches
-from edge_client.vla_runtime import Generation, StepTiming, greedy_generate
-from edge_client.vla_tokens import ActionTokenizer
 from learner.vla import VLA
+from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
+from policy.runtime import Generation, StepTiming, greedy_generate
+from policy.screen import screenshot_to_chw
+from policy.tokens import ActionTokenizer
 
 
 @torch.inference_mode()
@@ -40,16 +41,16 @@ def torch_step(
     visual = encoded.patches[:, kept_t[0]]  # (1, k, d)
     embeds = torch.cat([visual, model.wte(torch.tensor([prompt]))], dim=1)
     t1 = time.perf_counter()
-    out = model.decoder.transformer(inputs_embeds=embeds, use_cache=True)
-    cache = [out.cache]
+    # transformers' documented cache API: a DynamicCache passed as past_key_values grows in place per call.
+    cache = DynamicCache()
+    out = model.decoder.transformer(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
     pointer = model.pointer_targets(visual, kept_t)
     first = model.output_logits(out.last_hidden_state[:, -1:], pointer)[0, 0].numpy()
     t2 = time.perf_counter()
 
     def advance(token: int) -> np.ndarray:
-        step = model.decoder.transformer(inputs_embeds=model.wte(torch.tensor([[token]])), cache=cache[0],
+        step = model.decoder.transformer(inputs_embeds=model.wte(torch.tensor([[token]])), past_key_values=cache,
                                          use_cache=True)  # fmt: skip
-        cache[0] = step.cache
         return model.output_logits(step.last_hidden_state, pointer)[0, 0].numpy()
 
     gen = greedy_generate(first, advance, tok, cfg.max_thought_tokens)

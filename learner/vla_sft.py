@@ -11,6 +11,7 @@ LoRA (peft) adapters can replace full fine-tuning of the decoder for warm-starte
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -23,11 +24,10 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from edge_client.preprocess import POSITIONAL_TYPES, decode_png, screenshot_to_chw
-from edge_client.pruning import PruningConfig, keep_count, patch_prior
-from edge_client.vla_tokens import ActionTokenizer, short_thought, train_tokenizer
-from learner.sft import lr_at
 from learner.vla import IGNORE, VLA, VLAConfig, target_patch_index, vla_loss
+from policy.pruning import PruningConfig, keep_count, patch_prior
+from policy.screen import POSITIONAL_TYPES, decode_png, screenshot_to_chw
+from policy.tokens import ActionTokenizer, short_thought, train_tokenizer
 from schemas import Action
 
 CHECKPOINT_NAME = "vla_checkpoint.pt"
@@ -40,12 +40,17 @@ class VLATrainConfig:
     steps: int = 3000
     """Total optimiser steps (a resumed run continues up to this count)."""
     batch_size: int = 32
+    """Demonstration steps per batch, sampled uniformly with replacement."""
     lr: float = 1e-3
     """Peak AdamW learning rate (linear warm-up, cosine to min_lr_ratio * lr)."""
     weight_decay: float = 0.01
+    """AdamW weight decay."""
     warmup_steps: int = 100
+    """Steps of the linear learning-rate warm-up."""
     min_lr_ratio: float = 0.05
+    """The cosine schedule ends at this fraction of lr."""
     grad_clip: float = 1.0
+    """Clip the gradient norm to this (0: no clipping)."""
     keep_ratios: tuple[float, ...] = (0.25, 0.25, 0.5, 1.0)
     """Each batch uses one of these visual-token keep ratios (uniformly drawn)."""
     relevance_weight: float = 0.5
@@ -53,12 +58,26 @@ class VLATrainConfig:
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank on the decoder (base decoder frozen) instead of all its weights."""
     lora_alpha: float = 16.0
+    """LoRA scaling alpha (with lora_rank > 0)."""
     seed: int = 0
+    """Seeds batch sampling and a fresh model's initialisation."""
     num_threads: int = 2
+    """torch intra-op threads."""
     log_every: int = 10
+    """Report progress every this many steps (and at the end)."""
     checkpoint_every: int = 100
     """Write the checkpoint every this many steps (and at the end)."""
     progress_bar: bool = True
+    """Show a tqdm progress bar on stderr."""
+
+
+def lr_at(step: int, config: VLATrainConfig) -> float:
+    """Learning rate for 0-based `step`: linear warm-up, then cosine to min_lr_ratio * lr."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Installs what the flywheel needs and is missing; cheap when everything is already there.
-#   Debian: chromium + chromium-driver (MiniWoB++), prometheus (promtool)
-#   Python: this project with all optional groups (torch comes from PyPI once, then pip's cache)
+# Installs what the flywheel needs; cheap when everything is already there.
+#   Debian: chromium + chromium-driver (MiniWoB++), prometheus (promtool), Java 17 and Maven (Kafka)
+#   Python: a venv outside the clone built from the lock ops/lock/$FLYWHEEL_LOCK.txt (default: all), then this
+#           checkout installed into it (editable, no dependencies). Drift (a package missing, extra or at another
+#           version than the lock) is reported and fixed with `uv pip sync`.
 #   Maven:  the Kafka jars are resolved by `flywheel kafka up` on first use (streams/broker.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source ops/venv.sh
+UV_VERSION=0.13.9
 
 need_apt=()
 command -v chromium >/dev/null || need_apt+=(chromium)
@@ -18,13 +22,27 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" - <<'PY' 2>/dev/null
-import importlib.metadata as md, faust, uvloop, deltalake, polars, torch, onnxruntime, miniwob, kafka, pytest  # noqa
-md.version("flywheel")
-import flywheel.cli  # noqa: the checkout in use is the installed one
-PY
-then
-  echo "[setup] pip install -e .[all]"
-  "$PYTHON" -m pip install -q -e ".[all]"
+PY=$FLYWHEEL_VENV/bin/python
+if [ ! -x "$PY" ]; then
+  echo "[setup] new environment $FLYWHEEL_VENV from ops/lock/$FLYWHEEL_LOCK.txt"
+  mkdir -p "$(dirname "$FLYWHEEL_VENV")"
+  python3 -m venv "$FLYWHEEL_VENV"
+fi
+"$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip -q
+[ "$("$PY" -m uv --version 2>/dev/null | cut -d' ' -f2)" = "$UV_VERSION" ] || "$PY" -m pip install -q "uv==$UV_VERSION"
+
+# Drift: compare every installed distribution with the lock (this project itself excluded).
+if ! "$PY" ops/lock_drift.py "$FLYWHEEL_LOCK_FILE"; then
+  echo "[setup] uv pip sync ops/lock/$FLYWHEEL_LOCK.txt"
+  "$PY" -m uv pip sync --python "$PY" --quiet "$FLYWHEEL_LOCK_FILE"
+  "$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip -q
+  "$PY" -m uv --version >/dev/null 2>&1 || "$PY" -m pip install -q "uv==$UV_VERSION"
+fi
+
+# This checkout, editable and without dependencies (the lock provides them); re-pointed when another clone
+# of the project used the same environment last. -I: without it the current directory (this checkout) is on
+# sys.path and the check passes in a venv that does not have the project installed.
+if [ "$("$PY" -I -c 'import flywheel, pathlib; print(pathlib.Path(flywheel.__file__).resolve().parents[1])' 2>/dev/null)" != "$PWD" ]; then
+  echo "[setup] install this checkout ($PWD) into $FLYWHEEL_VENV"
+  "$PY" -m uv pip install --python "$PY" --quiet --no-deps -e .
 fi

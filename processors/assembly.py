@@ -14,9 +14,9 @@ from pathlib import Path
 
 import polars as pl
 
-from processors.queries import scan_table
+from lake.queries import scan_table
+from lake.tables import STEPS
 from processors.scoring import EpisodeProgress, score_episode
-from processors.tables import STEPS
 from schemas import EpisodeEvent, StepEvent
 
 

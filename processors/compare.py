@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 
 KEYS: dict[str, list[str]] = {
     STEPS: ["event_id"],

@@ -1,10 +1,10 @@
-"""Exactly-once appends from Kafka to a Delta table (kafka-delta-ingest's scheme, DESIGN §2).
+"""Exactly-once appends from Kafka to a Delta table (kafka-delta-ingest's scheme, docs/architecture.md).
 
 Each commit carries, per Kafka partition in the batch, a Delta app transaction
 `{sink}-{topic}-{partition}` whose version is the last offset written. Before writing, records at or
 below the recorded offset are dropped, so redelivery after a crash or rebalance never duplicates a
 row, and since offsets live in the same atomic commit as the rows, nothing is lost either.
-faust's own exactly-once mode is not used (DESIGN appendix: it duplicates and swallows errors).
+faust's own exactly-once mode is not used (docs/architecture.md: it duplicates and swallows errors).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from processors.tables import PARTITION_BY, SCHEMAS, table_uri
+from lake.tables import PARTITION_BY, SCHEMAS, table_uri
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Prometheus metrics of the stream processors (DESIGN §7 naming).
+"""Prometheus metrics of the stream processors (naming: docs/runbook.md, Metric names).
 
-Consumer lag (`kafka_consumergroup_lag`, kafka_exporter's names) is exported by flywheel.observe.LagExporter,
+Consumer lag (`kafka_consumergroup_lag`, kafka_exporter's names) is exported by processors.lag.LagExporter,
 which runs as a thread of the worker."""
 
 from prometheus_client import Counter, Histogram

@@ -1,4 +1,4 @@
-"""Rebuild the Delta projections from the Kafka log into a fresh location (DESIGN §1: the log is the
+"""Rebuild the Delta projections from the Kafka log into a fresh location (docs/architecture.md: the log is the
 source of truth, every table a projection of it).
 
 A bare kafka-python consumer (no group) assigns every partition of the steps and episodes topics,
@@ -26,11 +26,11 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
-from flywheel.kafka_clients import make_consumer
-from flywheel.settings import Settings
+from core.settings import Settings
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors.delta_sink import DeltaSink
 from processors.records import BATCH_MAX, EpisodeDeduper, episode_records, step_records
-from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Events to table rows: flat dicts matching processors.tables schemas."""
+"""Events to table rows: flat dicts matching lake.tables schemas."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def step_row(event: StepEvent, partition: int, offset: int) -> dict:
         "env_ms": event.env_ms,
         "visual_tokens_total": event.visual_tokens_total,
         "visual_tokens_kept": event.visual_tokens_kept,
+        "termination": event.termination,
+        "seed": event.seed,
         "schema_version": event.schema_version,
         "kafka_partition": partition,
         "kafka_offset": offset,

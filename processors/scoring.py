@@ -47,9 +47,14 @@ def verification_rate(verified: dict[int, bool | None]) -> float:
 
 
 def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeights = ScoreWeights()) -> EpisodeEvent:
-    """The scored EpisodeEvent for an episode whose final step is `last`."""
+    """The scored EpisodeEvent for an episode whose final step is `last`.
+
+    How it ended is the edge loop's verdict, carried on the final step (v1 steps get theirs from the
+    upcaster); a final step that states none never claimed success, so it counts as a failure.
+    """
     steps = last.step + 1
-    success = last.reward > 0
+    termination = last.termination or "failure"
+    success = termination == "success"
     completion = 1.0 if success else 0.0
     efficiency = step_efficiency(steps) if success else 0.0
     verification = verification_rate(progress.verified)
@@ -59,12 +64,12 @@ def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeig
         produced_at=time.time(),
         episode_id=last.episode_id,
         task=last.task,
-        seed=_seed_of(last.episode_id),
+        seed=last.seed,
         steps=steps,
         raw_reward=last.reward,
         binary_reward=1.0 if success else -1.0,
         success=success,
-        termination=_termination(last),
+        termination=termination,
         model_version=last.model_version,
         policy="expert" if last.model_version == "expert" else "model",
         first_produced_at=progress.first_produced_at or last.produced_at,
@@ -81,23 +86,11 @@ def curate(episode: EpisodeEvent) -> tuple[str, float] | None:
     """Purpose and weight of an episode's steps in training_samples, or None to leave it out.
 
     Expert successes are demonstrations; the fleet's successes and failures are both kept (failures
-    are informative negatives for the RL stages). Failed demonstrations teach nothing and are dropped.
+    are informative negatives for the RL stages). Failed demonstrations teach nothing and are dropped,
+    and so are episodes the browser broke ("error"): they say nothing about the policy.
     """
+    if episode.termination == "error":
+        return None
     if episode.policy == "expert":
         return ("demo", 1.0) if episode.success else None
     return ("success", 1.0) if episode.success else ("failure", 1.0)
-
-
-def _termination(last: StepEvent) -> str:
-    if "timed out" in last.verify.observed or "timeout" in last.verify.observed:
-        return "timeout"
-    return "done" if last.reward > 0 else "failed"
-
-
-def _seed_of(episode_id: str) -> int:
-    """Episode ids are '<client>-<task>-<seed>-<n>' (edge_client.runner); -1 when not parseable."""
-    parts = episode_id.rsplit("-", 2)
-    try:
-        return int(parts[-2])
-    except (IndexError, ValueError):
-        return -1

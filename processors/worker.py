@@ -17,16 +17,17 @@ import time
 import faust
 import uvloop
 
-from flywheel.observe import LagExporter, serve_metrics
-from flywheel.settings import Settings, get_settings
+from core.metrics import serve_metrics
+from core.settings import Settings, get_settings
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors import metrics
 from processors.assembly import EpisodeAssembler
 from processors.batching import Batcher
 from processors.delta_sink import DeltaSink, Record
+from processors.faust_app import app_topics, make_app
+from processors.lag import LagExporter
 from processors.records import BATCH_MAX, EpisodeDeduper, dead_letter_headers, episode_records, step_records
-from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from schemas import encode_event
-from streams.faust_app import app_topics, make_app
 
 log = logging.getLogger(__name__)
 BATCH_WITHIN_S = 1.0  # a batch is committed when it holds BATCH_MAX records or its oldest is this old

@@ -1,4 +1,4 @@
-"""Event contracts: immutable, flat, versioned, msgpack-encoded (see DESIGN §2)."""
+"""Event contracts: immutable, flat, versioned, msgpack-encoded (see docs/architecture.md, Contracts)."""
 
 from schemas.events import (
     Action,
@@ -7,6 +7,7 @@ from schemas.events import (
     ModelVersionEvent,
     RolloutDecisionEvent,
     StepEvent,
+    Termination,
     Verify,
     decode_event,
     encode_event,
@@ -20,6 +21,7 @@ __all__ = [
     "ModelVersionEvent",
     "RolloutDecisionEvent",
     "StepEvent",
+    "Termination",
     "Verify",
     "decode_event",
     "encode_event",

@@ -12,11 +12,23 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 
 ActionType = Literal["click", "type", "key", "scroll", "noop"]
+
+# How an episode ended, decided once by the episode loop (edge_client.episode) and carried on its final step.
+# "success" is the only successful ending: the env ended the episode with raw reward > 0.
+Termination = Literal[
+    "success",  # the env ended it with reward > 0
+    "failure",  # the env ended it with reward <= 0
+    "timeout",  # the task's JavaScript timer ended it
+    "max_steps",  # still running after the step budget
+    "gave_up",  # the policy could not read the screen (a scripted expert's LookupError)
+    "error",  # the browser failed; says nothing about the policy
+]
 
 
 class Action(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -59,7 +71,9 @@ class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     visual_tokens_total: int = 0
     visual_tokens_kept: int = 0
     screenshot_ref: str = ""  # content address when the PNG lives in the blob store instead
-    schema_version: int = 1
+    termination: Termination | None = None  # set on the final step (done) only
+    seed: int | None = None  # the env seed of the episode; None when unknown (v1 ids that do not parse)
+    schema_version: int = 2
 
 
 class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode"):
@@ -68,12 +82,12 @@ class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode")
     produced_at: float
     episode_id: str
     task: str
-    seed: int
+    seed: int | None
     steps: int
     raw_reward: float
     binary_reward: float  # +1 success, -1 otherwise
     success: bool
-    termination: str  # "done" | "timeout" | "max_steps" | "error"
+    termination: Termination
     model_version: str
     policy: str  # "expert" | "model"
     first_produced_at: float = 0.0
@@ -82,7 +96,7 @@ class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode")
     step_efficiency: float = 0.0
     verification: float = 0.0
     score: float = 0.0
-    schema_version: int = 1
+    schema_version: int = 2
 
 
 class ModelVersionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="model_version"):
@@ -120,7 +134,7 @@ class RolloutDecisionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="r
 
 
 Event = StepEvent | EpisodeEvent | ModelVersionEvent | RolloutDecisionEvent
-CURRENT_VERSION: dict[str, int] = {"step": 1, "episode": 1, "model_version": 1, "rollout_decision": 1}
+CURRENT_VERSION: dict[str, int] = {"step": 2, "episode": 2, "model_version": 1, "rollout_decision": 1}
 _TYPES: dict[str, type] = {
     "step": StepEvent,
     "episode": EpisodeEvent,
@@ -128,8 +142,52 @@ _TYPES: dict[str, type] = {
     "rollout_decision": RolloutDecisionEvent,
 }
 
-# (kind, version) -> function turning a decoded dict of that version into the next version's dict.
-UPCASTERS: dict[tuple[str, int], Any] = {}
+
+# --- upcasters ------------------------------------------------------------------------------------
+# Each turns the decoded dict of one version into the next version's dict. They only fill in what the
+# old version lacked and never raise on a malformed payload: validation afterwards names the bad field.
+
+
+def _step_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 steps carried neither termination nor seed: derive them as the v1 scorer did, so old logs keep
+    their meaning (this is the only place that still reads them from free text and the episode id)."""
+    return {**raw, "termination": _v1_termination(raw), "seed": _v1_seed(raw.get("episode_id"))}
+
+
+def _v1_termination(raw: dict[str, Any]) -> str | None:
+    if raw.get("done") is not True:
+        return None
+    verify = raw.get("verify")
+    observed = verify.get("observed") if isinstance(verify, dict) else None
+    if isinstance(observed, str) and ("timed out" in observed or "timeout" in observed):
+        return "timeout"
+    reward = raw.get("reward")
+    return "success" if isinstance(reward, int | float) and reward > 0 else "failure"
+
+
+def _v1_seed(episode_id: object) -> int | None:
+    """v1 episode ids were '<client>-<task>-<seed>-<n>' (the v1 runner)."""
+    parts = episode_id.rsplit("-", 2) if isinstance(episode_id, str) else []
+    try:
+        return int(parts[1]) if len(parts) == 3 else None
+    except ValueError:
+        return None
+
+
+def _episode_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v1 named every env-ended episode 'done' (reward > 0) or 'failed', and an unknown seed -1."""
+    termination = raw.get("termination")
+    if termination in ("done", "failed"):
+        termination = "success" if raw.get("success") is True else "failure"
+    seed = raw.get("seed")
+    return {**raw, "termination": termination, "seed": None if seed == -1 else seed}
+
+
+# (kind, version) -> the upcaster from that version to the next.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("step", 1): _step_v1_to_v2,
+    ("episode", 1): _episode_v1_to_v2,
+}
 
 
 class EventDecodeError(ValueError):

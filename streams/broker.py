@@ -30,8 +30,8 @@ from pathlib import Path
 from kafka import KafkaAdminClient
 from pydantic import SecretStr
 
-from flywheel.kafka_clients import make_admin
-from flywheel.settings import Settings
+from core.settings import Settings
+from streams.kafka_clients import make_admin
 from streams.topics import topics_for
 
 OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"

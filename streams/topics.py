@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flywheel.settings import Settings
+from core.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.settings import Settings
+from core.settings import Settings
+from flywheel.stack import LocalStack, local_stack
 from streams import broker
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).
@@ -36,21 +37,31 @@ def isolated_broker_settings(home: Path, prefix: str, **overrides) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """Settings of a broker started for this session: own home, free ports, unique topic prefix.
+def kafka_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A broker started for this session (own home, free ports, unique topic prefix), no worker.
 
-    FLYWHEEL_* variables point at it while the session runs, so processes started by tests use it too.
+    Its FLYWHEEL_* variables are set while the session runs, so processes started by tests use it too. They see it
+    as an external cluster: they never start or stop a broker of their own.
     """
     settings = isolated_broker_settings(tmp_path_factory.mktemp("flywheel-home"), "test")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("FLYWHEEL_HOME", str(settings.home))
-        env.setenv("FLYWHEEL_DATA_DIR", str(settings.data_dir))
-        env.setenv("FLYWHEEL_KAFKA_PORT", str(settings.kafka_port))
-        env.setenv("FLYWHEEL_TOPIC_PREFIX", settings.topic_prefix)
-        # Subprocesses see an "external" cluster: they use this broker and never start or stop their own.
-        env.setenv("FLYWHEEL_BOOTSTRAP_SERVERS", settings.local_bootstrap)
-        with broker.running_broker(settings):
-            yield settings
+    with local_stack(settings, settings.home / "logs", worker=False) as stack, pytest.MonkeyPatch.context() as env:
+        for name, value in stack.env.items():
+            env.setenv(name, value)
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(kafka_stack: LocalStack) -> Settings:
+    """The session broker's settings (local, so tests may stop and start it)."""
+    return kafka_stack.settings
+
+
+@pytest.fixture
+def stack(kafka_settings: Settings, tmp_path: Path) -> Iterator[LocalStack]:
+    """A run of this test alone on the session broker: own topics, own tables under tmp_path/data, logs under
+    tmp_path/logs. No worker until the test starts one (stack.start_worker()); all its children stop after it."""
+    with local_stack(kafka_settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as run:
+        yield run
 
 
 DEMO_ARGS = ("--turns", "2", "--clients", "1", "--tasks", "click-test,click-button", "--episodes-per-task", "4",

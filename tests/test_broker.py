@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from flywheel.settings import Settings
+from core.settings import Settings
 from streams import broker
 from streams.topics import topics_for
 

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from kafka import TopicPartition
 
 from edge_client.model_updates import ModelVersionWatcher
-from flywheel.canary import LiveSuccess, channel_for, decide, review_canary
-from flywheel.kafka_clients import make_consumer, make_producer
+from flywheel.canary import LiveSuccess, decide, review_canary
+from lake.tables import EPISODES
 from processors.delta_sink import DeltaSink, Record
 from processors.rows import episode_row
 from processors.scoring import EpisodeProgress, score_episode
-from processors.tables import EPISODES
+from registry.channels import channel_for
 from schemas import ModelVersionEvent, RolloutDecisionEvent, decode_event, encode_event, new_event_id
-from streams.broker import ensure_topics
+from streams.kafka_clients import make_consumer, make_producer
 from streams.topics import topics_for
 from tests.factories import step_event
 
@@ -55,11 +54,8 @@ def _live_episodes(settings, version: str, successes: int, failures: int, offset
 
 
 @pytest.mark.kafka
-def test_controller_rolls_back_a_worse_canary_and_promotes_a_good_one(kafka_settings, tmp_path):
-    settings = kafka_settings.model_copy(
-        update={"topic_prefix": f"canary-{uuid.uuid4().hex[:8]}", "data_dir": tmp_path, "canary_min_episodes": 20}
-    )
-    ensure_topics(settings)
+def test_controller_rolls_back_a_worse_canary_and_promotes_a_good_one(stack):
+    settings = stack.settings.model_copy(update={"canary_min_episodes": 20})
     _version(settings, "sft-0001", "stable")
     _version(settings, "sft-0002", "canary")
     canary_client = ModelVersionWatcher(settings, "edge-canary", channel="canary")

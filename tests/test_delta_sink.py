@@ -1,10 +1,10 @@
 from deltalake import DeltaTable
 
+from lake.tables import EPISODES, STEPS
 from processors.delta_sink import DeltaSink, Record, app_id
 from processors.records import EpisodeDeduper
 from processors.rows import episode_row, step_row
 from processors.scoring import EpisodeProgress, score_episode
-from processors.tables import EPISODES, STEPS
 from tests.factories import step_event
 
 

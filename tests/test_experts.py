@@ -5,17 +5,19 @@ The DOM geometry helpers are also tested without a browser on hand-made DOM tree
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from miniwob.dom import DOMElement
 
+from core.settings import TIER1_TASKS, TIER2_TASKS
 from edge_client.env import GuiEnv, task_name
-from edge_client.evaluate import evaluate, run_episode
+from edge_client.episode import run_episode
+from edge_client.evaluate import evaluate
 from edge_client.experts import UnsupportedTaskError, expert_for, supported_tasks, visible_point
-from flywheel.settings import TIER1_TASKS, TIER2_TASKS
+from policy.interface import Decision, Observation
 from schemas import Action
 
 TIER1 = list(TIER1_TASKS)
@@ -144,6 +146,31 @@ def test_env_wrong_click_fails_and_timeout_is_named(env: GuiEnv) -> None:
     env.driver.execute_script("core.endEpisode(-1, false, 'timed out');")  # what the JS timer does when it fires
     late = env.step(Action(type="noop"))
     assert late.done and late.info["termination"] == "timeout"
+
+
+@needs_browser
+@pytest.mark.browser
+def test_the_loop_names_real_failures_timeouts_and_max_steps(env: GuiEnv) -> None:
+    class Scripted:
+        version = "expert"
+
+        def __init__(self, act: Callable[[Observation], Decision]):
+            self.act = act
+
+    def wrong_click(obs: Observation) -> Decision:
+        two = next(e for e in _walk(obs.dom) if e.tag == "button" and e.text == "TWO")
+        return Decision("Click TWO.", Action(type="click", x=two.left + 5, y=two.top + 5))
+
+    def timer_fires(obs: Observation) -> Decision:
+        env.driver.execute_script("core.endEpisode(-1, false, 'timed out');")  # what the JS timer does
+        return Decision("Wait.", Action(type="noop"))
+
+    def wait(obs: Observation) -> Decision:
+        return Decision("Wait.", Action(type="noop"))
+
+    for act, termination in ((wrong_click, "failure"), (timer_fires, "timeout"), (wait, "max_steps")):
+        result = run_episode(env, Scripted(act), "click-test-2", 0, max_steps=2)
+        assert result.termination == termination and not result.success and result.raw_reward == -1.0
 
 
 @needs_browser

@@ -16,23 +16,22 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 
 import msgspec
 import pytest
 from deltalake import DeltaTable
 
+from core.processes import Child, wait_until
 from flywheel.dlq import read_dead_letters
-from flywheel.kafka_clients import make_admin, make_producer
-from flywheel.processes import Child, wait_until
+from flywheel.stack import LocalStack
+from lake.queries import step_count
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from processors.compare import compare_tables
-from processors.queries import step_count
 from processors.replay import replay
-from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from schemas import encode_event
 from streams import broker
-from streams.broker import ensure_topics
+from streams.kafka_clients import make_admin, make_producer
 from streams.topics import topics_for
 from tests.factories import step_event
 
@@ -43,19 +42,15 @@ FAST_FAILOVER = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"
 
 
 class Pipeline:
-    """Topics and tables of one test, its worker processes, and what it produced."""
+    """One test's stack (topics, tables, worker processes, the broker's handles) and checks of what it produced."""
 
-    def __init__(self, settings, tmp_path):
-        self.settings = settings
+    def __init__(self, stack: LocalStack, tmp_path):
+        self.stack = stack
+        self.settings = stack.settings
         self.tmp_path = tmp_path
-        self.env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
-        self.children: list[Child] = []
 
     def start_worker(self) -> Child:
-        env = self.env | FAST_FAILOVER
-        child = Child(f"processors-{len(self.children)}", ["process"], self.tmp_path / "logs", env)
-        self.children.append(child)
-        return child
+        return self.stack.start_worker(env=FAST_FAILOVER)
 
     def column(self, table: str, column: str) -> list:
         uri = table_uri(self.settings.tables_dir, table)
@@ -102,15 +97,8 @@ def _repeats(values: list) -> list:
 
 
 @pytest.fixture
-def pipeline(kafka_settings, tmp_path):
-    settings = kafka_settings.model_copy(
-        update={"data_dir": tmp_path / "data", "topic_prefix": f"test-{uuid.uuid4().hex[:8]}"}
-    )
-    ensure_topics(settings)
-    line = Pipeline(settings, tmp_path)
-    yield line
-    for child in line.children:
-        child.stop(timeout=10)
+def pipeline(stack, tmp_path):
+    return Pipeline(stack, tmp_path)
 
 
 def episodes(client: str, count: int, steps: int = 3, first: int = 0) -> list:
@@ -177,7 +165,7 @@ def test_sigkill_mid_batch_then_restart_leaves_every_event_exactly_once(pipeline
     pipeline.assert_exactly_once(steps)
 
 
-def test_broker_restart_mid_stream_loses_and_duplicates_nothing(pipeline, kafka_settings):
+def test_broker_restart_mid_stream_loses_and_duplicates_nothing(pipeline):
     worker = pipeline.start_worker()
     warmup = episodes("w", 1)
     produce_now(pipeline.settings, warmup)
@@ -186,11 +174,11 @@ def test_broker_restart_mid_stream_loses_and_duplicates_nothing(pipeline, kafka_
     producer = Producer(pipeline.settings, episodes("b", 400), rate=200.0)  # 1200 steps over ~6 s
     producer.start()
     wait_until(lambda: producer.sent >= 300, 30, interval=0.05, what="the stream under way")
-    broker.down(kafka_settings)  # the session's broker: same settings, its data persists across the restart
-    assert not broker.status(kafka_settings)["running"]
+    pipeline.stack.stop_broker()  # the session's broker: its data persists across the restart
+    assert not broker.status(pipeline.settings)["running"]
     assert producer.sent < 1200, "the broker should go down mid-stream"
     time.sleep(1.0)
-    broker.up(kafka_settings)
+    pipeline.stack.start_broker()
     acked = producer.result(180)
     assert len(acked) == 1200, "an idempotent producer with unbounded retries rides out a broker restart"
 
@@ -282,7 +270,7 @@ def test_dead_letters_keep_original_bytes_and_reason_and_dlq_lists_them(pipeline
 
     listed = subprocess.run(
         [sys.executable, "-m", "flywheel.cli", "dlq", "--limit", "10"],
-        env={**os.environ, **pipeline.env},
+        env={**os.environ, **pipeline.stack.env},
         capture_output=True,
         text=True,
         timeout=60,

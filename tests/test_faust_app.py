@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from flywheel.settings import Settings
+from core.settings import Settings
+from processors import faust_transport
+from processors.faust_app import broker_url, make_app
 from processors.rows import utc_date
-from streams import faust_transport
-from streams.faust_app import broker_url, make_app
 
 
 def test_the_worker_consumer_waits_briefly_on_fetches_and_fetches_large_batches(tmp_path):

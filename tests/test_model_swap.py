@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 
 import msgspec
@@ -11,11 +10,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
-from flywheel.kafka_clients import make_producer
-from flywheel.registry import ModelRejected, store_artifact
-from flywheel.signing import TrustedKeys, load_or_create_key, sign
+from registry.signing import TrustedKeys, load_or_create_key, sign
+from registry.store import ModelRejected, store_artifact
 from schemas import ModelVersionEvent, encode_event, new_event_id
-from streams.broker import ensure_topics
+from streams.kafka_clients import make_producer
 from streams.topics import topics_for
 
 pytestmark = pytest.mark.kafka
@@ -40,9 +38,8 @@ def publish(settings, version: str, uri: str, sha256: str, key=None, tamper: boo
     producer.close()
 
 
-def test_client_swaps_verified_versions_and_refuses_untrusted_ones(kafka_settings, tmp_path):
-    settings = kafka_settings.model_copy(update={"topic_prefix": f"swap-{uuid.uuid4().hex[:8]}"})
-    ensure_topics(settings)
+def test_client_swaps_verified_versions_and_refuses_untrusted_ones(stack, tmp_path):
+    settings = stack.settings
     learner_key = load_or_create_key(tmp_path / "keys")  # also trusts its own public half
     stranger_key = Ed25519PrivateKey.generate()
     artifacts = tmp_path / "artifacts"

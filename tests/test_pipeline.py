@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from flywheel.kafka_clients import make_producer
-from flywheel.processes import Child, wait_until
-from processors.queries import episode_stats, step_count
-from processors.tables import STEPS, TRAINING_SAMPLES, table_uri
+from core.processes import Child, wait_until
+from lake.queries import episode_stats, step_count
+from lake.tables import STEPS, TRAINING_SAMPLES, table_uri
 from schemas import encode_event
-from streams.broker import ensure_topics
+from streams.kafka_clients import make_producer
 from streams.topics import topics_for
 from tests.factories import step_event
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def flywheel(kafka_settings, tmp_path):
-    """Settings with topics and tables of this test alone, and the env that hands them to children."""
-    settings = kafka_settings.model_copy(
-        update={"data_dir": tmp_path / "data", "topic_prefix": f"test-{uuid.uuid4().hex[:8]}"}
-    )
-    ensure_topics(settings)
-    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
-    children: list[Child] = []
-
-    def start_worker() -> Child:
-        child = Child(f"processors-{len(children)}", ["process"], tmp_path / "logs", env)
-        children.append(child)
-        return child
-
-    yield settings, start_worker
-    for child in children:
-        child.stop()
 
 
 def produce(settings, events_or_bytes) -> None:
@@ -75,16 +52,16 @@ def delta_event_ids(settings) -> list[str]:
     )
 
 
-def test_steps_land_exactly_once_across_a_worker_restart(flywheel):
-    settings, start_worker = flywheel
+def test_steps_land_exactly_once_across_a_worker_restart(stack):
+    settings = stack.settings
     first = [e for n in range(30) for e in episode("c0", n)]
     second = [e for n in range(30, 50) for e in episode("c0", n)]
     produce(settings, first)
-    worker = start_worker()
+    worker = stack.start_worker()
     wait_until(landed(settings, worker, len(first)), 120, what="first batch in Delta")
     assert worker.stop() is not None
     produce(settings, second)  # produced while no worker runs
-    worker = start_worker()
+    worker = stack.start_worker()
     total = len(first) + len(second)
     wait_until(landed(settings, worker, total), 120, what="second batch in Delta")
     wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 50, 60, what="episodes in Delta")
@@ -96,9 +73,8 @@ def test_steps_land_exactly_once_across_a_worker_restart(flywheel):
     assert stats["episodes"] == 50 and stats["success_rate"] == 1.0
 
 
-def test_malformed_events_go_to_dead_letters_and_the_stream_goes_on(flywheel):
-    settings, start_worker = flywheel
-    worker = start_worker()
+def test_malformed_events_go_to_dead_letters_and_the_stream_goes_on(stack):
+    settings, worker = stack.settings, stack.start_worker()
     good_before = episode("c1", 1)
     bad_field = encode_event(step_event()).replace(b"\xa4step\x00", b"\xa4step\xa1x")  # step: "x"
     oversize = step_event(screenshot=b"\0" * (settings.max_screenshot_bytes + 1))

@@ -7,15 +7,19 @@ import subprocess
 import sys
 import uuid
 
+import msgspec
+import polars as pl
 import pytest
 
-from flywheel.processes import Child, wait_until
+from core.processes import Child, wait_until
+from lake.queries import episode_stats, step_count
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from processors.compare import compare_tables
-from processors.queries import episode_stats, step_count
 from processors.replay import replay
-from processors.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from streams.broker import ensure_topics
-from tests.factories import step_event
+from streams.kafka_clients import make_producer
+from streams.topics import topics_for
+from tests.factories import EpisodeEventV1, step_event, v1_step_bytes
 from tests.test_pipeline import produce
 
 pytestmark = pytest.mark.kafka
@@ -30,8 +34,29 @@ def mixed_episodes(count: int) -> list:
         for i in range(length):
             last = i == length - 1
             reward = (1.0 if success else -1.0) if last else 0.0
-            steps.append(step_event(episode_id, step=i, done=last, reward=reward, model_version=model))
+            steps.append(step_event(episode_id, step=i, done=last, reward=reward, model_version=model, seed=n))
     return steps
+
+
+# Scored by a v1 worker before the upgrade: still in the episodes topic, in v1's words ("done", "failed", seed -1).
+V1_EPISODES = [
+    EpisodeEventV1("e-old-0", "old", 1.0, "old-click-test-5-0", "click-test", 5, 1, 1.0, 1.0, True, "done", "expert",
+                   "expert", score=1.0),
+    EpisodeEventV1("e-old-1", "old", 1.0, "old-click-test-x-1", "click-test", -1, 2, -1.0, -1.0, False, "failed",
+                   "sft-0001", "model"),
+]  # fmt: skip
+
+
+def produce_v1(settings, steps: list, episodes: list) -> None:
+    """A log written before schema v2: steps as v1 clients encoded them, episodes as the v1 worker did."""
+    producer = make_producer(settings, "test-v1")
+    topics = topics_for(settings)
+    for step in steps:
+        producer.send(topics.steps.name, key=step.episode_id.encode(), value=v1_step_bytes(step))
+    for episode in episodes:
+        producer.send(topics.episodes.name, key=episode.episode_id.encode(), value=msgspec.msgpack.encode(episode))
+    producer.flush()
+    producer.close()
 
 
 def test_replay_rebuilds_tables_equal_to_the_live_ones(kafka_settings, tmp_path):
@@ -41,23 +66,37 @@ def test_replay_rebuilds_tables_equal_to_the_live_ones(kafka_settings, tmp_path)
     ensure_topics(settings)
     env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
     steps = mixed_episodes(60)
-    produce(settings, [*steps[:50], b"\xc1 not an event", *steps[50:]])  # a dead letter in the log too
+    old = [s for s in steps if int(s.episode_id.split("-")[-1]) < 20]  # the first 20 episodes predate v2
+    produce_v1(settings, old, V1_EPISODES)
+    new = steps[len(old) :]
+    produce(settings, [*new[:30], b"\xc1 not an event", *new[30:]])  # a dead letter in the log too
+    episodes = 60 + len(V1_EPISODES)
     worker = Child("processors", ["process"], tmp_path / "logs", env)
     try:
         wait_until(lambda: step_count(settings.tables_dir) >= len(steps), 120, what="steps in Delta")
-        wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 60, 60, what="episodes in Delta")
+        wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= episodes, 60, what="episodes in Delta")
     finally:
         worker.stop()
 
     rebuilt = tmp_path / "rebuilt"
     summary = replay(settings, rebuilt)
     assert summary.dead_letters == 1
-    assert summary.rows[STEPS] == len(steps) and summary.rows[EPISODES] == 60
+    assert summary.rows[STEPS] == len(steps) and summary.rows[EPISODES] == episodes
     diffs = compare_tables(settings.tables_dir, rebuilt, summary.horizon_by_table(settings))
     assert all(d.equal for d in diffs), diffs
     by_table = {d.table: d for d in diffs}
-    assert by_table[STEPS].live_rows == len(steps) and by_table[EPISODES].live_rows == 60
+    assert by_table[STEPS].live_rows == len(steps) and by_table[EPISODES].live_rows == episodes
     assert 0 < by_table[TRAINING_SAMPLES].live_rows < len(steps)  # curation dropped the failed demonstrations
+
+    # v1 events kept their meaning, in v2's words: the ending and the seed the v1 scorer would have given them.
+    rows = pl.read_delta(table_uri(rebuilt, EPISODES)).select("episode_id", "termination", "seed", "success")
+    by_id = {r["episode_id"]: r for r in rows.iter_rows(named=True)}
+    assert (by_id["old-click-test-5-0"]["termination"], by_id["old-click-test-5-0"]["seed"]) == ("success", 5)
+    assert (by_id["old-click-test-x-1"]["termination"], by_id["old-click-test-x-1"]["seed"]) == ("failure", None)
+    for n in range(60):  # assembled from v1 and v2 steps alike
+        episode = by_id[f"r{n % 3}-click-test-{n}-{n}"]
+        assert episode["seed"] == n  # v1: parsed from the episode id by the upcaster; v2: carried by the step
+        assert episode["termination"] == ("success" if episode["success"] else "failure")
 
     # The sinks' offsets are in the rebuilt tables too: replaying the same log again writes nothing.
     again = replay(settings, rebuilt)

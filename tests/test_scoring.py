@@ -1,6 +1,14 @@
+import pytest
+
 from processors.scoring import EpisodeProgress, curate, score_episode, step_efficiency, verification_rate
-from schemas import Verify
-from tests.factories import step_event
+from schemas import StepEvent, Verify, decode_event
+from tests.factories import step_event, v1_step_bytes
+
+
+def scored(last: StepEvent):
+    progress = EpisodeProgress()
+    progress.add(last)
+    return score_episode(last, progress)
 
 
 def test_step_efficiency_decays_with_extra_steps():
@@ -35,21 +43,38 @@ def test_successful_two_step_episode_is_scored():
 
 
 def test_failure_scores_no_completion():
-    last = step_event(reward=-1.0)
-    progress = EpisodeProgress()
-    progress.add(last)
-    episode = score_episode(last, progress)
+    episode = scored(step_event(reward=-1.0))
     assert not episode.success and episode.binary_reward == -1.0 and episode.completion == 0.0
 
 
-def test_curation_keeps_demos_and_fleet_outcomes_drops_failed_demos():
-    def scored(reward, version):
-        last = step_event(reward=reward, model_version=version)
-        progress = EpisodeProgress()
-        progress.add(last)
-        return score_episode(last, progress)
+@pytest.mark.parametrize("termination", ["failure", "timeout", "max_steps", "gave_up", "error"])
+def test_ending_and_seed_are_read_from_the_final_step(termination):
+    episode = scored(step_event("c0-click-test-7-0", reward=-1.0, termination=termination, seed=123))
+    assert episode.termination == termination and episode.seed == 123
+    assert not episode.success and episode.binary_reward == -1.0 and episode.completion == 0.0
 
-    assert curate(scored(1.0, "expert")) == ("demo", 1.0)
-    assert curate(scored(-1.0, "expert")) is None
-    assert curate(scored(1.0, "sft-0001"))[0] == "success"
-    assert curate(scored(-1.0, "sft-0001"))[0] == "failure"
+
+def test_only_a_successful_ending_is_a_success():
+    # A positive reward does not make a success the loop did not declare (here: the step budget ran out first).
+    assert not scored(step_event(reward=0.5, termination="max_steps")).success
+    # A final step that states no ending never claimed success.
+    episode = scored(step_event(reward=1.0, termination=None))
+    assert episode.termination == "failure" and not episode.success
+
+
+def test_v1_final_step_is_scored_as_the_v1_scorer_did():
+    last = decode_event(v1_step_bytes(step_event("c3-click-test-41-2", reward=1.0, seed=None)), expect=StepEvent)
+    episode = scored(last)
+    assert episode.success and episode.termination == "success" and episode.seed == 41
+
+
+def test_curation_keeps_demos_and_fleet_outcomes_drops_failed_demos_and_broken_browsers():
+    def outcome(reward, version, **overrides):
+        return curate(scored(step_event(reward=reward, model_version=version, **overrides)))
+
+    assert outcome(1.0, "expert") == ("demo", 1.0)
+    assert outcome(-1.0, "expert") is None
+    assert outcome(1.0, "sft-0001")[0] == "success"
+    assert outcome(-1.0, "sft-0001")[0] == "failure"
+    assert outcome(-1.0, "sft-0001", termination="max_steps")[0] == "failure"
+    assert outcome(-1.0, "sft-0001", termination="error") is None

@@ -15,13 +15,14 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 from pydantic import SecretStr
 
-from flywheel.kafka_clients import make_admin, make_consumer, make_producer, security_options
-from flywheel.processes import Child, wait_until
-from flywheel.settings import Settings
-from processors.queries import step_count
+from core.processes import wait_until
+from core.settings import Settings
+from flywheel.stack import local_stack
+from lake.queries import step_count
+from processors.faust_app import auth_options
 from schemas import encode_event
 from streams import broker
-from streams.faust_app import auth_options
+from streams.kafka_clients import make_admin, make_consumer, make_producer, security_options
 from streams.topics import topics_for
 from tests.conftest import isolated_broker_settings
 from tests.factories import step_event
@@ -42,26 +43,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         sasl_username="flywheel-test",
         sasl_password=PASSWORD,
     )
-    broker.up(settings)
-    try:
-        yield settings
-    finally:
-        broker.down(settings)
-
-
-def child_env(settings: Settings, mechanism: str) -> dict[str, str]:
-    """FLYWHEEL_* for a child process using the secure broker (overriding those of the session broker, if any)."""
-    return {
-        "FLYWHEEL_HOME": str(settings.home),
-        "FLYWHEEL_DATA_DIR": str(settings.data_dir),
-        "FLYWHEEL_KAFKA_PORT": str(settings.kafka_port),
-        "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix,
-        "FLYWHEEL_BOOTSTRAP_SERVERS": settings.local_bootstrap,
-        "FLYWHEEL_SECURITY_PROTOCOL": settings.security_protocol,
-        "FLYWHEEL_SASL_MECHANISM": mechanism,
-        "FLYWHEEL_SASL_USERNAME": settings.sasl_username,
-        "FLYWHEEL_SASL_PASSWORD": settings.sasl_password.get_secret_value(),
-    }
+    with local_stack(settings, settings.home / "logs", worker=False) as stack:
+        yield stack.settings
 
 
 @pytest.mark.kafka
@@ -101,26 +84,23 @@ def test_a_wrong_password_is_refused(secure):
 
 @pytest.mark.kafka
 def test_a_faust_worker_ingests_over_scram(secure, tmp_path):
-    settings = secure.model_copy(update={"data_dir": tmp_path / "data"})
     events = [step_event(f"s0-click-test-{n}-{n}", step=0, done=True, reward=1.0) for n in range(5)]
-    producer = make_producer(settings, "sec-edge")
+    producer = make_producer(secure, "sec-edge")
     for event in events:
-        producer.send(topics_for(settings).steps.name, key=event.episode_id.encode(), value=encode_event(event))
+        producer.send(topics_for(secure).steps.name, key=event.episode_id.encode(), value=encode_event(event))
     producer.flush()
     producer.close()
 
-    env = child_env(settings, "SCRAM-SHA-512") | {"FLYWHEEL_DATA_DIR": str(settings.data_dir)}
-    worker = Child("processors-secure", ["process", "--loglevel", "info"], tmp_path / "logs", env)
-    try:
+    scram_512 = secure.model_copy(update={"sasl_mechanism": "SCRAM-SHA-512"})  # the worker logs in the other way
+    with local_stack(scram_512, tmp_path / "logs", data_dir=tmp_path / "data", worker=False) as stack:
+        worker, tables = stack.start_worker("--loglevel", "info"), stack.settings.tables_dir
 
         def landed() -> bool:
             assert worker.running(), f"the faust worker died:\n{worker.tail()}"
-            return step_count(settings.tables_dir) >= len(events)
+            return step_count(tables) >= len(events)
 
         wait_until(landed, 180, what="steps in Delta over SASL")
-        assert step_count(settings.tables_dir) == len(events)
-    finally:
-        worker.stop()
+        assert step_count(tables) == len(events)
     worker_log = worker.log_path.read_text(errors="replace")
     assert "via SCRAM-SHA-512" in worker_log  # aiokafka's "Authenticated as <user> via <mechanism>"
     assert SECRET_PART not in worker_log

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
 from kafka import TopicPartition
 
 from edge_client.spool import Spool, SpoolFull
-from flywheel.kafka_clients import make_consumer
-from flywheel.processes import Child
 from schemas import StepEvent, decode_event
-from streams import broker
+from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
 
@@ -42,29 +39,21 @@ def test_full_spool_refuses_clearly_and_keeps_what_it_has(tmp_path):
 
 @pytest.mark.kafka
 @pytest.mark.browser
-def test_edge_client_keeps_acting_while_the_broker_is_down_and_delivers_everything_once(kafka_settings, tmp_path):
+def test_edge_client_keeps_acting_while_the_broker_is_down_and_delivers_everything_once(stack, tmp_path):
     """A real edge client (MiniWoB + experts) runs through a broker outage of over a minute."""
-    settings = kafka_settings.model_copy(update={"topic_prefix": f"offline-{uuid.uuid4().hex[:8]}"})
-    broker.ensure_topics(settings)
+    settings = stack.settings
     summary_path = tmp_path / "summary.json"
-    client = Child(
+    client = stack.start(
         "edge-offline",
         ["edge", "--client-id", "offline-c0", "--tasks", "click-test", "--episodes", "100000",
          "--stop-after-s", "90", "--summary", str(summary_path)],
-        tmp_path / "logs",
-        {"FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix},
     )  # fmt: skip
-    try:
-        time.sleep(12)  # browser up, some steps delivered
-        broker.down(settings)
-        try:
-            time.sleep(62)  # the broker is away for over a minute; the client keeps acting
-            assert client.running(), client.tail()
-        finally:
-            broker.up(settings)
-        assert client.wait(timeout=240) == 0, client.tail()
-    finally:
-        client.stop()
+    time.sleep(12)  # browser up, some steps delivered
+    stack.stop_broker()  # brought back by the stack should the test fail before it does
+    time.sleep(62)  # the broker is away for over a minute; the client keeps acting
+    assert client.running(), client.tail()
+    stack.start_broker()
+    assert client.wait(timeout=240) == 0, client.tail()
     summary = json.loads(summary_path.read_text())
     assert summary["unsent"] == 0 and summary["episodes"] > 100
 

@@ -5,16 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_client.verify import (
-    EXPECT_CHANGE,
-    EXPECT_SUCCESS,
-    changed_mask,
-    changed_near,
-    describe_change,
-    expect_change_near,
-    expect_text,
-    verify,
-)
+from edge_client.verify import changed_mask, changed_near, describe_change, verify
+from policy.expectations import EXPECT_CHANGE, EXPECT_SUCCESS, expect_change_near, expect_text
 from schemas import Action
 
 H, W = 210, 160

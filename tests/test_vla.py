@@ -13,14 +13,14 @@ import torch
 
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
-from edge_client.preprocess import decode_png, encode_png, screenshot_to_chw
-from edge_client.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
-from edge_client.vla_runtime import VLAPolicy, VLARuntime
-from edge_client.vla_tokens import ParseError, short_thought, train_tokenizer
 from learner.vla import VLA, VLAConfig, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
 from learner.vla_sft import VLATrainConfig, apply_lora, load_vla, merge_lora, train_vla
+from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
+from policy.runtime import VLAPolicy, VLARuntime
+from policy.screen import decode_png, encode_png, screenshot_to_chw
+from policy.tokens import ParseError, short_thought, train_tokenizer
 from schemas import Action
 
 pytestmark = pytest.mark.browser  # the data are real MiniWoB++ screens
@@ -227,7 +227,7 @@ def test_int8_bundle_quantises_matmuls_and_still_acts(frame, bundle):
             assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 weights, activations quantised per call
     assert int8.stat().st_size < path.stat().st_size
     policy = VLAPolicy(int8, "tiny-int8")
-    from edge_client.policy import Observation
+    from policy.interface import Observation
 
     row = frame.row(0, named=True)
     decision = policy.act(Observation("click-test", row["instruction"], decode_png(row["screenshot"])))
@@ -278,7 +278,7 @@ class RandomClicks:
         self.rng = np.random.default_rng(seed)
 
     def act(self, obs):
-        from edge_client.policy import Decision
+        from policy.interface import Decision
 
         return Decision("", Action("click", x=float(self.rng.uniform(0, 160)), y=float(self.rng.uniform(0, 210))))
 

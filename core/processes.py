@@ -1,0 +1,75 @@
+"""Child processes started by the demo and the tests: `flywheel <subcommand>` in a fresh interpreter,
+output to a log file, stopped with SIGTERM then SIGKILL. Every process started is stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class Child:
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flywheel.cli", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group: a stop reaches chromium/driver children too
+        )
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.flush()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal the process group, wait, then SIGKILL what is left. Stopping twice does nothing: by then the
+        group's id may belong to another process."""
+        if self._log.closed:
+            return self.proc.returncode
+        if self.running():
+            _signal_group(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers (a browser) left in the group
+        self._log.close()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 30) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)

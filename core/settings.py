@@ -1,0 +1,171 @@
+"""Typed configuration shared by every process, overridable through FLYWHEEL_* environment variables.
+
+One settings object per process; nothing reads os.environ directly elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TIER1_TASKS: tuple[str, ...] = (
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-link",
+    "click-dialog",
+    "click-color",
+    "focus-text",
+    "identify-shape",
+)
+TIER2_TASKS: tuple[str, ...] = (
+    "click-button-sequence",
+    "click-checkboxes",
+    "click-tab",
+    "click-option",
+    "click-collapsible",
+    "click-widget",
+    "enter-text",
+    "enter-password",
+    "login-user",
+    "use-autocomplete",
+    "grid-coordinate",
+    "navigate-tree",
+    "choose-list",
+    "enter-date",
+    "search-engine",
+    "email-inbox",
+)
+SUITE_TASKS: tuple[str, ...] = TIER1_TASKS + TIER2_TASKS  # docs/tasks.md: the only tasks we train on
+TASK_ALIASES: dict[str, tuple[str, ...]] = {"tier1": TIER1_TASKS, "tier2": TIER2_TASKS, "suite": SUITE_TASKS}
+
+
+def parse_tasks(value: str) -> tuple[str, ...]:
+    """'tier1' | 'tier2' | 'suite' | comma-separated task ids (aliases may be mixed in) -> task ids in order."""
+    tasks: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        for task in TASK_ALIASES.get(part, (part,) if part else ()):
+            if task not in tasks:
+                tasks.append(task)
+    return tuple(tasks)
+
+
+class Settings(BaseSettings):
+    # hide_input_in_errors: a validation error must not echo the input, which may hold the SASL password.
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore", hide_input_in_errors=True)
+
+    home: Path = Field(
+        Path.home() / ".cache" / "flywheel", description="Where the Kafka jars, broker data and run state live."
+    )
+    bootstrap_servers: str = Field(
+        "", description="External Kafka to use; empty means the local broker started by `flywheel kafka up`."
+    )
+    kafka_port: int = Field(19092, description="Client port of the local broker (controller uses kafka_port + 1).")
+    kafka_version: str = Field("4.1.1", description="Apache Kafka release resolved from Maven Central.")
+    kafka_heap: str = Field("384m", description="Broker JVM heap: small on purpose, the box has 2 cores and is shared.")
+    data_dir: Path = Field(Path("flywheel-data"), description="Root of the Delta tables and the artifact store.")
+    topic_partitions: int = Field(4, description="Partitions of the steps and episodes topics.")
+    topic_retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Retention of the event topics (-1: forever).")
+    topic_prefix: str = Field(
+        "flywheel", description="Prefix of every topic name, so several flywheels can share a cluster."
+    )
+    max_screenshot_bytes: int = Field(512 * 1024, description="A step with a larger screenshot is dead-lettered.")
+    metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
+    listen_host: str = Field(
+        "127.0.0.1", description="Interface the local broker's client listener binds to (its controller: loopback)."
+    )
+    # Kafka security, one set for every client (kafka-python, faust/aiokafka) and for the local broker.
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol of the clients (and of the local broker's client listener)."
+    )
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = Field(
+        "SCRAM-SHA-256", description="SASL mechanism when security_protocol is SASL_*."
+    )
+    sasl_username: str = Field("", description="SASL user (the local broker creates it when it formats its storage).")
+    sasl_password: SecretStr = Field(SecretStr(""), description="SASL password; never printed (shown as '**********').")
+    ssl_cafile: Path | None = Field(None, description="CA bundle (PEM) of the brokers' certificates (SSL/SASL_SSL).")
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS; optional.")
+    ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of ssl_certfile; optional.")
+
+    edge_spool_max_bytes: int = Field(
+        256 * 1024 * 1024, description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged."
+    )
+    canary_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of the fleet that runs new versions first (0: no canary stage)."
+    )
+    canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
+    canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
+    require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> Settings:
+        if self.uses_sasl and not (self.sasl_username and self.sasl_password.get_secret_value()):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs FLYWHEEL_SASL_USERNAME and FLYWHEEL_SASL_PASSWORD"
+            )
+        return self
+
+    @property
+    def keys_dir(self) -> Path:
+        """The learner's signing key; `trusted/` holds the public keys clients accept."""
+        return self.home / "keys"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def local_bootstrap(self) -> str:
+        # A wildcard listen_host (0.0.0.0, ::) also listens on loopback, the address local processes use.
+        host = "127.0.0.1" if self.listen_host in ("", "0.0.0.0", "::") else self.listen_host
+        return f"[{host}]:{self.kafka_port}" if ":" in host else f"{host}:{self.kafka_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or self.local_bootstrap
+
+    @property
+    def uses_external_kafka(self) -> bool:
+        return bool(self.bootstrap_servers)
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.data_dir / "tables"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """FLYWHEEL_* variables under which a child process's Settings() equals `settings`.
+
+    Secrets in clear: the dict is for a child's environment, never for a log. Fields that are None are left out
+    (no variable spells None), so the child inherits whatever the parent's environment says for those.
+    """
+    prefix = settings.model_config["env_prefix"]
+    env = {}
+    for name, value in settings.model_dump(mode="json").items():  # mode="json" masks secrets: read them again
+        secret = getattr(settings, name)
+        value = secret.get_secret_value() if isinstance(secret, SecretStr) else value
+        if value is not None:
+            env[f"{prefix}{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return env

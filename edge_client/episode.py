@@ -1,0 +1,151 @@
+"""One episode of think -> act -> verify: the loop that the fleet runner and `flywheel eval` share.
+
+It is the one place that decides how an episode ends (`schemas.Termination`) and so whether it
+succeeded: only "success" does, which is the env ending the episode with raw reward > 0. The final
+step record carries the termination and the terminal reward (the env's, or LOOP_ENDED_REWARD when
+the loop ended the episode itself), and the runner publishes both on the final StepEvent, so
+downstream (scoring, eval summaries) reads the outcome instead of re-deriving it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from selenium.common.exceptions import WebDriverException
+
+from edge_client.env import StepResult, task_name
+from edge_client.verify import verify_step
+from policy.interface import Decision, Observation, Policy
+from schemas import Action, Termination, Verify
+
+log = logging.getLogger(__name__)
+
+LOOP_ENDED_REWARD = -1.0  # terminal reward of an episode the env did not end: as bad as a failure
+
+
+class Env(Protocol):
+    """What the loop needs of edge_client.env.GuiEnv (unit tests pass a fake)."""
+
+    def reset(self, seed: int | None = None, task: str | None = None) -> Observation: ...
+
+    def step(self, action: Action) -> StepResult: ...
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One think -> act -> verify step as the loop saw it."""
+
+    step: int
+    obs: Observation  # the screen the action was chosen on
+    decision: Decision
+    verify: Verify
+    reward: float  # 0 while the episode runs, the terminal reward on the final step
+    termination: Termination | None  # set on the final step only
+    think_ms: float
+    act_ms: float = 0.0
+    verify_ms: float = 0.0
+    result: StepResult | None = None  # None when the env was not stepped (gave_up) or failed (error)
+
+    @property
+    def done(self) -> bool:
+        return self.termination is not None
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    task: str
+    seed: int
+    steps: int
+    raw_reward: float  # the final step's reward
+    termination: Termination
+    wall_s: float
+    records: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return self.termination == "success"
+
+    @property
+    def binary_reward(self) -> float:
+        return 1.0 if self.success else -1.0
+
+
+def ending(result: StepResult, last: bool) -> tuple[Termination | None, float]:
+    """(termination, reward) after a step the env took; (None, reward) while the episode goes on."""
+    if result.done:
+        if result.info.get("termination") == "timeout":
+            return "timeout", result.reward
+        return ("success" if result.reward > 0 else "failure"), result.reward
+    if last:
+        return "max_steps", LOOP_ENDED_REWARD
+    return None, result.reward
+
+
+def run_episode(
+    env: Env,
+    policy: Policy,
+    task: str,
+    seed: int,
+    max_steps: int = 10,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> EpisodeResult:
+    """Reset `env` to (task, seed) and let `policy` act until the episode ends; `on_step` sees each step
+    as soon as it is recorded (the runner publishes it there)."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    t0 = time.perf_counter()
+    obs = env.reset(seed=seed, task=task)
+    records: list[StepRecord] = []
+    for step in range(max_steps):
+        record = _step(env, policy, obs, step, last=step == max_steps - 1)
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
+        if record.done:
+            break
+        assert record.result is not None  # only a final record lacks the env's result
+        obs = record.result.obs
+    final = records[-1]
+    assert final.termination is not None  # the last allowed step always ends the episode
+    wall_s = time.perf_counter() - t0
+    return EpisodeResult(task_name(task), seed, len(records), final.reward, final.termination, wall_s, records)
+
+
+def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool) -> StepRecord:
+    started = time.perf_counter()
+    try:
+        decision = policy.act(obs)  # think
+    except LookupError as err:
+        # A scripted expert met a screen it cannot read (e.g. a widget missing from the DOM snapshot):
+        # the episode ends here, recorded as such, and the caller goes on with the next one.
+        log.warning("step %d of %s: %s gave up: %s", step, obs.task, policy.version, err)
+        decision = Decision(thought=f"Giving up: {err}.", action=Action(type="noop"))
+        return _ended_by_loop(step, obs, decision, "gave_up", _ms_since(started))
+    think_ms = _ms_since(started)
+    try:
+        result = env.step(decision.action)  # act
+    except WebDriverException as err:
+        # The browser broke (crash, hung renderer): this episode is lost, the next reset restarts it.
+        log.warning("step %d of %s: browser failed: %s", step, obs.task, err)
+        return _ended_by_loop(step, obs, decision, "error", think_ms, _ms_since(started) - think_ms)
+    act_ms = _ms_since(started) - think_ms
+    check = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
+    termination, reward = ending(result, last)
+    verify_ms = _ms_since(started) - think_ms - act_ms
+    return StepRecord(step, obs, decision, check, reward, termination, think_ms, act_ms, verify_ms, result)
+
+
+def _ended_by_loop(
+    step: int, obs: Observation, decision: Decision, termination: Termination, think_ms: float, act_ms: float = 0.0
+) -> StepRecord:
+    """The final record of an episode the env had no say in ending: nothing to verify."""
+    check = Verify(expected=decision.expected, observed=f"episode ended by the loop: {termination}", ok=None)
+    return StepRecord(step, obs, decision, check, LOOP_ENDED_REWARD, termination, think_ms, act_ms)
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

@@ -1,0 +1,118 @@
+"""One local stack: a broker with the run's topics, the FLYWHEEL_* environment of the run's child processes, and
+the faust worker. `flywheel demo`, `flywheel demonstrations`, the pipeline bench and the tests each run in one.
+
+The broker is the external cluster when `bootstrap_servers` is set, else the local one: reused when it already
+runs (a session's, an outer stack's), otherwise started here and stopped on exit. Children (`flywheel <command>`
+in a fresh interpreter) get the run's settings through their environment and are all stopped on exit, error or not.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.processes import Child
+from core.settings import Settings, settings_env
+from streams import broker
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    """The run's settings: its topic prefix and data dir."""
+    logs: Path
+    """Each child writes <logs>/<name>.log."""
+    env: dict[str, str] = field(repr=False)  # holds the SASL password
+    """What every child gets on top of os.environ: the run's FLYWHEEL_* and the caller's extras."""
+    workers: list[Child] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list, repr=False)
+    broker_stopped: bool = False
+
+    @property
+    def worker(self) -> Child:
+        """The newest faust worker."""
+        if not self.workers:
+            raise RuntimeError("no faust worker runs in this stack")
+        return self.workers[-1]
+
+    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
+        """`flywheel <args>` with the run's settings (and `env` on top), stopped when the stack closes."""
+        child = Child(name, list(args), self.logs, {**self.env, **(env or {})})
+        self.children.append(child)
+        return child
+
+    def start_worker(self, *args: str, env: Mapping[str, str] | None = None) -> Child:
+        """One more `flywheel process`: 'processors', then 'processors-1', ... (their log names)."""
+        name = f"processors-{len(self.workers)}" if self.workers else "processors"
+        self.workers.append(self.start(name, ["process", *args], env))
+        return self.worker
+
+    def stop_broker(self) -> None:
+        """Take the local broker down (fault tests); its data stays. Brought back on close if not before."""
+        self._refuse_external()
+        broker.down(self.settings)
+        self.broker_stopped = True
+
+    def start_broker(self) -> None:
+        self._refuse_external()
+        broker.up(self.settings)
+        self.broker_stopped = False
+
+    def close(self) -> None:
+        """Stop every child, newest first (clients before the worker they feed), and bring a stopped broker back."""
+        for child in reversed(self.children):
+            child.stop()
+        if self.broker_stopped:  # a session's broker outlives this stack: leave it as found
+            self.start_broker()
+
+    def _refuse_external(self) -> None:
+        if self.settings.uses_external_kafka:
+            raise broker.BrokerError("an external cluster is not this stack's to stop or start")
+
+
+@contextmanager
+def local_stack(
+    settings: Settings,
+    logs: Path,
+    *,
+    run: str | None = None,
+    data_dir: Path | None = None,
+    worker: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[LocalStack]:
+    """A broker with topics for the run, its worker (unless `worker=False`), everything stopped on exit.
+
+    `run` gives the run topics of its own (`<prefix>-<run>-<time>-<random>`), `data_dir` tables and artifacts of
+    its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
+    """
+    settings = run_settings(settings, run, data_dir)
+    with broker.running_broker(settings):
+        stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})})
+        try:
+            if worker:
+                stack.start_worker()
+            yield stack
+        finally:
+            stack.close()
+
+
+def run_settings(settings: Settings, run: str | None = None, data_dir: Path | None = None) -> Settings:
+    """`settings` with the run's own topic prefix (when `run` is given) and data dir (when given)."""
+    update: dict[str, object] = {}
+    if run:
+        # Time for a person reading topic names, random bits for two runs started in the same second.
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        update["topic_prefix"] = f"{settings.topic_prefix}-{run}-{stamp}"
+    if data_dir is not None:
+        update["data_dir"] = data_dir.resolve()  # children may run elsewhere; reports store paths relative to it
+    return settings.model_copy(update=update)
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """FLYWHEEL_* of a child of the stack: the run's settings, with the broker's address as an external cluster's,
+    so a child never starts or stops a broker of its own."""
+    return settings_env(settings.model_copy(update={"bootstrap_servers": settings.bootstrap}))

@@ -1,0 +1,75 @@
+"""Read-side questions about the Delta tables (counts and success rates), via polars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from lake.tables import EPISODES, STEPS, table_uri
+
+
+def scan_table(tables_dir: Path, table: str) -> pl.LazyFrame | None:
+    """The table, or None before its first commit."""
+    uri = table_uri(tables_dir, table)
+    if not (Path(uri) / "_delta_log").is_dir():
+        return None
+    return pl.scan_delta(uri)
+
+
+def step_count(tables_dir: Path, client_prefix: str = "") -> int:
+    steps = scan_table(tables_dir, STEPS)
+    if steps is None:
+        return 0
+    return steps.filter(pl.col("client_id").str.starts_with(client_prefix)).select(pl.len()).collect().item()
+
+
+def episode_stats(tables_dir: Path, client_prefix: str = "") -> dict:
+    """{"episodes", "success_rate", "per_task": {task: {"episodes", "success_rate"}}} of matching episodes."""
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is None:
+        return {"episodes": 0, "success_rate": 0.0, "per_task": {}}
+    frame = (
+        episodes.filter(pl.col("client_id").str.starts_with(client_prefix))
+        .group_by("task")
+        .agg(pl.len().alias("episodes"), pl.col("success").cast(pl.Float64).mean().alias("success_rate"))
+        .sort("task")
+        .collect()
+    )
+    total = int(frame["episodes"].sum()) if frame.height else 0
+    successes = float((frame["episodes"] * frame["success_rate"]).sum()) if frame.height else 0.0
+    return {
+        "episodes": total,
+        "success_rate": successes / total if total else 0.0,
+        "per_task": {
+            row["task"]: {"episodes": row["episodes"], "success_rate": row["success_rate"]}
+            for row in frame.iter_rows(named=True)
+        },
+    }
+
+
+def success_by_task_and_version(tables_dir: Path) -> list[dict]:
+    """[{"task", "model_version", "episodes", "success_rate"}] over every episode in the table."""
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is None:
+        return []
+    return (
+        episodes.group_by("task", "model_version")
+        .agg(pl.len().alias("episodes"), pl.col("success").cast(pl.Float64).mean().alias("success_rate"))
+        .sort("task", "model_version")
+        .collect()
+        .to_dicts()
+    )
+
+
+def episodes_by_version(tables_dir: Path) -> list[dict]:
+    """[{"model_version", "episodes", "successes"}] over every episode in the table."""
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is None:
+        return []
+    return (
+        episodes.group_by("model_version")
+        .agg(pl.len().alias("episodes"), pl.col("success").sum().alias("successes"))
+        .collect()
+        .to_dicts()
+    )

@@ -1,0 +1,96 @@
+"""The Delta tables of the flywheel: names, locations and Arrow schemas, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+STEPS = "steps"  # bronze: every valid step event, append-only, partitioned by date
+EPISODES = "episodes"  # silver: one scored row per episode
+TRAINING_SAMPLES = "training_samples"  # gold: curated step references labelled by purpose
+
+STEPS_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("client_id", pa.string()),
+        ("produced_at", pa.float64()),
+        ("episode_id", pa.string()),
+        ("step", pa.int32()),
+        ("task", pa.string()),
+        ("instruction", pa.string()),
+        ("screenshot", pa.binary()),
+        ("thought", pa.string()),
+        ("action_type", pa.string()),
+        ("x", pa.float32()),
+        ("y", pa.float32()),
+        ("text", pa.string()),
+        ("key", pa.string()),
+        ("scroll_dy", pa.float32()),
+        ("model_version", pa.string()),
+        ("verify_expected", pa.string()),
+        ("verify_observed", pa.string()),
+        ("verify_ok", pa.bool_()),
+        ("reward", pa.float32()),
+        ("done", pa.bool_()),
+        ("behaviour_logprob", pa.float32()),
+        ("inference_ms", pa.float32()),
+        ("env_ms", pa.float32()),
+        ("visual_tokens_total", pa.int32()),
+        ("visual_tokens_kept", pa.int32()),
+        ("termination", pa.string()),  # the episode's ending, on its final step only (null before)
+        ("seed", pa.int64()),  # null when unknown
+        ("schema_version", pa.int16()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("ingested_at", pa.float64()),
+        ("date", pa.string()),
+    ]
+)
+
+EPISODES_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("client_id", pa.string()),
+        ("produced_at", pa.float64()),
+        ("episode_id", pa.string()),
+        ("task", pa.string()),
+        ("seed", pa.int64()),
+        ("steps", pa.int32()),
+        ("raw_reward", pa.float32()),
+        ("binary_reward", pa.float32()),
+        ("success", pa.bool_()),
+        ("termination", pa.string()),
+        ("model_version", pa.string()),
+        ("policy", pa.string()),
+        ("completion", pa.float32()),
+        ("step_efficiency", pa.float32()),
+        ("verification", pa.float32()),
+        ("score", pa.float32()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("ingested_at", pa.float64()),
+    ]
+)
+
+TRAINING_SAMPLES_SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("step", pa.int32()),
+        ("task", pa.string()),
+        ("purpose", pa.string()),  # demo | success | failure | on_policy
+        ("weight", pa.float32()),
+        ("score", pa.float32()),
+        ("model_version", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+        ("ingested_at", pa.float64()),
+    ]
+)
+
+SCHEMAS = {STEPS: STEPS_SCHEMA, EPISODES: EPISODES_SCHEMA, TRAINING_SAMPLES: TRAINING_SAMPLES_SCHEMA}
+PARTITION_BY = {STEPS: ["date"], EPISODES: None, TRAINING_SAMPLES: None}
+
+
+def table_uri(tables_dir: Path, name: str) -> str:
+    return str(Path(tables_dir).resolve() / name)

@@ -1,0 +1,211 @@
+"""The VLA at the edge: onnxruntime encoder + explicit-KV-cache decoder, greedy decoding, no torch.
+
+One step:
+    encoder(image, instruction)        -> patches (N, d), relevance (N,)
+    select_patches(relevance + prior)  -> kept (k,)                       (policy.pruning)
+    prefill([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache (copied into the cache buffers)
+    repeat: token = argmax(logits masked by the action grammar); decode(wte[token], cache) until <eos>
+            (decode appends the token's keys/values to the cache buffers in place)
+    parse tokens -> thought + action
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from policy.bundle import WEIGHTS, read_bundle
+from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
+from policy.interface import Decision, Observation
+from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
+from policy.screen import POSITIONAL_TYPES, log_softmax, screenshot_to_chw
+from policy.tokens import ActionTokenizer, Parsed
+
+MAX_TEXT_TOKENS = 24  # typed text / key name
+MAX_NEW_TOKENS = 64  # thought + action
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one greedy decode produced."""
+
+    ids: list[int]  # generated target ids, <eos> included
+    action_logprob: float  # sum of log p over the tokens from <act> on: the behaviour log-probability
+    steps: int  # decoder calls after the prefill
+
+
+def greedy_generate(
+    first_logits: np.ndarray,  # (V,) logits after the prefill
+    advance: Callable[[int], np.ndarray],  # feed one token, get the next (V,) logits
+    tok: ActionTokenizer,
+    max_thought_tokens: int,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> Generation:
+    """Greedy decoding under the action grammar (ActionTokenizer.allowed_next); backend-agnostic."""
+    ids: list[int] = []
+    logits, logprob, in_action = first_logits, 0.0, False
+    while True:
+        allowed = tok.allowed_next(ids, max_thought_tokens, MAX_TEXT_TOKENS)
+        masked = np.where(allowed, logits.astype(np.float64), -np.inf)
+        token = int(np.argmax(masked))
+        in_action = in_action or token == tok.act_id
+        if in_action:
+            logprob += float(log_softmax(masked)[token])
+        ids.append(token)
+        if token == tok.eos_id or len(ids) >= max_new_tokens:
+            return Generation(ids, logprob, len(ids) - 1)
+        logits = advance(token)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    encode_ms: float
+    prefill_ms: float
+    decode_ms: float
+    decode_tokens: int
+    visual_tokens_total: int
+    visual_tokens_kept: int
+
+
+class VLARuntime:
+    """Loads a `.vla` bundle (policy.bundle) into three onnxruntime sessions.
+
+    One step at a time: the KV cache and the decode graph's binding belong to the runtime, not the step.
+    """
+
+    def __init__(self, path: str | Path, intra_op_threads: int = 1, keep_ratio: float | None = None):
+        meta, members = read_bundle(path)
+        self.config: dict = meta["model_config"]
+        self.quantized = bool(meta.get("quantized"))
+        pruning = PruningConfig(**meta["pruning"])
+        if keep_ratio is not None:
+            pruning = PruningConfig(**{**meta["pruning"], "keep_ratio": keep_ratio})
+        self.pruning = pruning
+        self.tok = ActionTokenizer.from_json(members["tokenizer.json"].decode())
+        self.wte = np.load(io.BytesIO(members["wte.npy"]))  # (V, d)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a shared 2-core box
+        # Held for the sessions' lifetime: onnxruntime may use the tensors in this buffer where they lie.
+        self._weights = np.frombuffer(members[WEIGHTS], dtype=np.uint8)
+        opts.add_external_initializers_from_files_in_memory([WEIGHTS], [self._weights], [len(self._weights)])
+        providers = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(members["encoder.onnx"], sess_options=opts, providers=providers)
+        self.prefill = ort.InferenceSession(members["prefill.onnx"], sess_options=opts, providers=providers)
+        self.decode = ort.InferenceSession(members["decode.onnx"], sess_options=opts, providers=providers)
+        self.patch_px = int(self.config["patch_px"])
+        self.rows, self.cols = 210 // self.patch_px, 160 // self.patch_px
+        self.num_patches = self.rows * self.cols
+        heads, d, layers = int(self.config["n_heads"]), int(self.config["d_model"]), int(self.config["n_layers"])
+        # The KV cache: one buffer per layer and K/V, bound as both the decode graph's cache input and its
+        # present output, which its attention appends to in place. Room for every patch and the longest
+        # prompt and answer; a step only reads the slots it filled.
+        capacity = self.num_patches + int(self.config["max_instruction_tokens"]) + 2 + MAX_NEW_TOKENS
+        self.cache = [np.zeros((1, heads, capacity, d // heads), np.float32) for _ in range(2 * layers)]
+        self.logits = np.zeros((1, self.tok.vocab_size), np.float32)
+        self.binding = self.decode.io_binding()
+        for name, buffer in zip(cache_names(layers), self.cache, strict=True):
+            self.binding.bind_ortvalue_input(f"cache_{name}", ort.OrtValue.ortvalue_from_numpy(buffer))
+            self.binding.bind_ortvalue_output(f"present_{name}", ort.OrtValue.ortvalue_from_numpy(buffer))
+        self.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.logits))
+
+    def prompt(self, instruction: str) -> list[int]:
+        return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
+
+    def step(
+        self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None
+    ) -> tuple[Generation, StepTiming]:
+        """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None."""
+        t0 = time.perf_counter()
+        prompt = self.prompt(instruction)
+        instruction_ids = np.array([prompt[1:-1] or [0]], dtype=np.int64)
+        patches, relevance, pointer_keys = self.encoder.run(None, {"image": screenshot_to_chw(screenshot)[None],
+                                                                   "instruction_ids": instruction_ids})  # fmt: skip
+        prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
+        kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
+        t1 = time.perf_counter()
+        in_col, in_row = membership(kept, self.cols, self.rows)
+        pointing = {"pointer_keys": pointer_keys[0, kept], "in_col": in_col, "in_row": in_row}
+        embeds = np.concatenate([patches[0, kept], self.wte[prompt]]).astype(np.float32)
+        logits, *presents = self.prefill.run(None, {"inputs_embeds": embeds, **pointing})
+        length = len(embeds)
+        for buffer, present in zip(self.cache, presents, strict=True):
+            buffer[:, :, :length] = present
+        for name, value in pointing.items():
+            self.binding.bind_cpu_input(name, value)
+        t2 = time.perf_counter()
+
+        def advance(token: int) -> np.ndarray:
+            nonlocal length
+            length += 1
+            inputs = {  # held until the run is done: the binding may point into their memory
+                "inputs_embeds": self.wte[[token]],
+                "positions": np.array([length - 1], dtype=np.int64),
+                "seqlens_k": np.array([length - 1], dtype=np.int32),  # GroupQueryAttention's total - 1
+                "total_len": np.array(length, dtype=np.int32),
+            }
+            for name, value in inputs.items():
+                self.binding.bind_cpu_input(name, value)
+            self.decode.run_with_iobinding(self.binding)
+            return self.logits[0]  # overwritten by the next call: greedy_generate reads it before that
+
+        gen = greedy_generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]))
+        t3 = time.perf_counter()
+        timing = StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, self.num_patches, len(kept))
+        return gen, timing
+
+
+def cache_names(n_layers: int) -> list[str]:
+    """['key_0', 'value_0', 'key_1', ...]: the decoder graphs' cache_* inputs and present_* outputs."""
+    return [f"{kv}_{layer}" for layer in range(n_layers) for kv in ("key", "value")]
+
+
+def membership(kept: np.ndarray, cols: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, C) and (k, R) float32: 1 where kept patch i (raster index) lies in column c / row r."""
+    in_col = (kept[:, None] % cols == np.arange(cols)).astype(np.float32)
+    in_row = (kept[:, None] // cols == np.arange(rows)).astype(np.float32)
+    return in_col, in_row
+
+
+def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decision:
+    """The runtime's output as a Decision, with what verify should see afterwards."""
+    action = parsed.action
+    if action.type in POSITIONAL_TYPES:
+        expected = expect_change_near(action.x, action.y)
+    elif action.type == "type":
+        expected = expect_text(action.text)
+    else:
+        expected = "" if action.type == "noop" else EXPECT_CHANGE
+    extras = {
+        "visual_tokens_total": timing.visual_tokens_total,
+        "visual_tokens_kept": timing.visual_tokens_kept,
+        "encode_ms": timing.encode_ms,
+        "prefill_ms": timing.prefill_ms,
+        "decode_ms": timing.decode_ms,
+        "decode_tokens": timing.decode_tokens,
+    }
+    return Decision(thought=parsed.thought, action=action, expected=expected, logprob=logprob, extras=extras)
+
+
+class VLAPolicy:
+    """Policy protocol over a VLA bundle. Remembers the previous frame of the episode for pruning."""
+
+    def __init__(self, path: str | Path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None):
+        self.version = version
+        self.runtime = VLARuntime(path, intra_op_threads, keep_ratio)
+        self._previous: np.ndarray | None = None
+
+    def act(self, obs: Observation) -> Decision:
+        previous = self._previous if obs.step > 0 else None
+        self._previous = obs.screenshot
+        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous)
+        return decision_from(self.runtime.tok.parse(gen.ids), gen.action_logprob, timing)

@@ -1,0 +1,230 @@
+"""Flags derived from config dataclasses (core.cli_config) and the `flywheel` commands built from them: each
+flag has its field's default and docstring, and parses back into the dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values, field_docs
+from core.settings import TIER1_TASKS, parse_tasks
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    """Who."""
+    count: int = 3
+    """How many (100% of them)."""
+    ratio: float | None = None
+    """A ratio (None: the bundle's)."""
+    flag: bool = True
+    """Whether to."""
+    tags: tuple[str, ...] = ("a", "b")
+    """Some tags,
+    over two lines."""
+    ratios: tuple[float, ...] = (0.5,)
+    """Some ratios."""
+    mode: Literal["fast", "slow"] = "fast"
+    """How."""
+    path: Path = Path("runs/x")
+    """Where."""
+    port: int | None = 0
+    """A port (none: do not serve)."""
+    extra: dict = field(default_factory=dict)
+    """No flag type: needs exclude or parse."""
+
+
+def sample_parser(**kwargs) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sample", formatter_class=DefaultsHelpFormatter)
+    add_config_arguments(parser, Sample, **({"exclude": {"extra"}} | kwargs))
+    return parser
+
+
+def test_field_docs_are_the_attribute_docstrings():
+    docs = field_docs(Sample)
+    assert docs["name"] == "Who."
+    assert docs["tags"] == "Some tags, over two lines."
+    assert set(docs) == {f.name for f in dataclasses.fields(Sample)}
+
+
+def test_defaults_round_trip():
+    args = sample_parser().parse_args(["--name", "n"])
+    assert config_from(args, Sample) == Sample(name="n")
+
+
+def test_every_kind_of_field_parses():
+    argv = ["--name", "n", "--count", "5", "--ratio", "0.25", "--no-flag", "--tags", "x, y", "--ratios", "0.25,1",
+            "--mode", "slow", "--path", "p", "--port", "none"]  # fmt: skip
+    args = sample_parser().parse_args(argv)
+    config = config_from(args, Sample, extra={"k": 1})
+    assert config == Sample("n", 5, 0.25, False, ("x", "y"), (0.25, 1.0), "slow", Path("p"), None, {"k": 1})
+    assert config_from(sample_parser().parse_args(["--name", "n", "--tags", ""]), Sample).tags == ()
+
+
+@pytest.mark.parametrize(
+    "argv", [[], ["--name", "n", "--mode", "medium"], ["--name", "n", "--count", "x"], ["--name", "n", "--extra", "1"]]
+)
+def test_bad_values_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sample_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+
+
+def test_help_is_the_docstring_and_shows_the_default():
+    parser = sample_parser()
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["Sample.count"] == "How many (100%% of them)."  # argparse reads '%' as a format
+    assert helps["Sample.flag"] == "Whether to."  # not BooleanOptionalAction's own suffix
+    text = " ".join(parser.format_help().split())
+    assert "How many (100% of them). (default: 3)" in text
+    assert "Some tags, over two lines. (default: a,b)" in text
+    assert "--flag, --no-flag" in text and "{fast,slow}" in text
+
+
+def test_rename_parse_and_unset():
+    parser = sample_parser(rename={"count": ("--n", "--count")}, parse={"tags": parse_tasks})
+    assert config_from(parser.parse_args(["--name", "n", "--count", "7"]), Sample).count == 7
+    assert config_from(parser.parse_args(["--name", "n", "--n", "8", "--tags", "tier1"]), Sample).tags == TIER1_TASKS
+    unset = sample_parser(unset=True)
+    assert set(config_values(unset.parse_args([]), Sample).values()) == {None}
+    values = config_values(unset.parse_args(["--count", "2", "--no-flag"]), Sample)
+    assert values == {**dict.fromkeys(values), "count": 2, "flag": False}
+
+
+def test_unsupported_fields_and_unknown_names_are_refused():
+    with pytest.raises(TypeError, match="Sample.extra"):
+        add_config_arguments(argparse.ArgumentParser(), Sample)
+    with pytest.raises(ValueError, match="no_such"):
+        add_config_arguments(argparse.ArgumentParser(), Sample, exclude={"extra", "no_such"})
+
+
+# --- the flywheel commands ---------------------------------------------------------------------------------------
+
+# Fields that are deliberately no flag: the recipe comes from --recipe; cmd_learn fixes the metrics' cadence.
+NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}}
+UNSET = {"VLATrainConfig"}  # overrides of the recipe's values
+# Flags that tests, scripts (flywheel.fleet, flywheel.demo) and the README use.
+FLAGS_IN_USE = {
+    "edge": "--client-id --tasks --episodes --policy --max-steps --seed --summary --wait-for-model --stop-after-s "
+    "--metrics-port",
+    "demo": "--turns --clients --tasks --episodes-per-task --sft-steps --finetune-steps --out --no-prometheus "
+    "--prometheus-port",
+    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio",
+    "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
+    "learn": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
+    "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
+    "bench pipeline": "--events --rate --client-steps-per-s --out",
+}
+
+
+def subparsers(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[prefix + name] = sub
+                found |= subparsers(sub, f"{prefix}{name} ")
+    return found
+
+
+@pytest.fixture(scope="module")
+def commands() -> dict[str, argparse.ArgumentParser]:
+    from flywheel.cli import build_parser
+
+    return subparsers(build_parser())
+
+
+@pytest.fixture(scope="module")
+def config_classes() -> dict[str, type]:
+    from edge_client.runner import EdgeConfig
+    from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_pipeline import BenchConfig
+    from flywheel.cli import EvalConfig
+    from flywheel.demo import DemoConfig
+    from flywheel.demonstrations import DemonstrationsConfig
+    from learner.train import LearnConfig
+    from learner.vla_sft import VLATrainConfig
+
+    classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
+               VLATrainConfig)  # fmt: skip
+    return {c.__name__: c for c in classes}
+
+
+def test_every_config_flag_has_the_dataclass_default_and_docstring(commands, config_classes):
+    flagged: dict[str, set[str]] = {}
+    for command, parser in commands.items():
+        for action in parser._actions:
+            if "." not in action.dest:
+                continue
+            class_name, name = action.dest.split(".")
+            cls = config_classes[class_name]
+            flagged.setdefault(class_name, set()).add(name)
+            f = cls.__dataclass_fields__[name]
+            doc = field_docs(cls).get(name)
+            assert doc, f"{command} {action.option_strings[0]}: {class_name}.{name} has no docstring"
+            assert action.help == doc.replace("%", "%%"), f"{command} {action.option_strings[0]}"
+            if class_name in UNSET:
+                assert action.default is None and not action.required
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                assert action.required, f"{command} {action.option_strings[0]}"
+            else:
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                assert action.default == default, f"{command} {action.option_strings[0]}"
+    for class_name, cls in config_classes.items():
+        fields = {f.name for f in dataclasses.fields(cls)} - NOT_FLAGS.get(class_name, set())
+        assert flagged.get(class_name) == fields, f"{class_name}: fields without a flag"
+
+
+def test_flags_in_use_are_kept(commands):
+    for command, flags in FLAGS_IN_USE.items():
+        options = {o for a in commands[command]._actions for o in a.option_strings}
+        assert set(flags.split()) <= options, f"{command}: {set(flags.split()) - options}"
+
+
+def test_command_lines_parse_into_their_configs(commands, config_classes):
+    from flywheel.cli import build_parser
+    from learner.recipe import VLARecipe
+
+    parser, c = build_parser(), config_classes
+    args = parser.parse_args(["edge", "--client-id", "c0", "--tasks", "tier1,enter-text", "--episodes", "3",
+                              "--policy", "model", "--summary", "s.json", "--metrics-port", "none"])  # fmt: skip
+    assert config_from(args, c["EdgeConfig"]) == c["EdgeConfig"](
+        "c0", (*TIER1_TASKS, "enter-text"), 3, "model", summary_path=Path("s.json"), metrics_port=None
+    )
+    demo = config_from(parser.parse_args(["demo", "--no-prometheus", "--tasks", "click-test"]), c["DemoConfig"])
+    assert demo == c["DemoConfig"](prometheus=False, tasks=("click-test",))
+    bench = config_from(parser.parse_args(["bench", "edge", "--rounds", "1"]), c["EdgeBenchConfig"])
+    assert bench == c["EdgeBenchConfig"](rounds=1)
+    # learn: the flags given replace the recipe's values, the rest stay the recipe's.
+    learn = parser.parse_args(["learn", "--steps", "3", "--keep-ratios", "0.5,1", "--no-warm-start"])
+    recipe = VLARecipe.load("demo", **config_values(learn, c["VLATrainConfig"]))
+    assert (recipe.train.steps, recipe.train.keep_ratios) == (3, (0.5, 1.0))
+    assert recipe.train.batch_size == VLARecipe.load("demo").train.batch_size
+    assert config_from(learn, c["LearnConfig"], recipe=recipe) == c["LearnConfig"](recipe=recipe, warm_start=False)
+
+
+def test_help_runs_for_every_command(commands):
+    """Each `flywheel CMD --help` in its own process (all at once), and the edge's builds without the learner."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    runs = {name: subprocess.Popen([sys.executable, "-m", "flywheel.cli", *name.split(), "--help"], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name in ["", *commands]}  # fmt: skip
+    edge_only = ("import sys\nfrom flywheel.cli import main\ntry:\n    main(['edge', '--help'])\nexcept SystemExit:\n"
+                 "    pass\nprint(sorted({'torch', 'polars', 'faust'} & set(sys.modules)))")  # fmt: skip
+    runs["edge imports"] = subprocess.Popen([sys.executable, "-c", edge_only], env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for name, run in runs.items():
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, f"flywheel {name} --help: {err[-2000:]}"
+        if name != "edge imports":
+            assert out.startswith(f"usage: flywheel {name}".rstrip()), out[:200]
+    assert out.strip().endswith("[]"), out[-300:]
