@@ -93,7 +93,7 @@ def add_config_arguments(
         # '%' would be read as a format specifier by argparse.
         help_text = docs[f.name].replace("%", "%%") if f.name in docs else None
         action = parser.add_argument(*flags, dest=f"{cls.__name__}.{f.name}", help=help_text, **kwargs)
-        action.help = help_text  # BooleanOptionalAction appends its own "(default: ...)" on Python < 3.13
+        action.help = help_text  # some Pythons' BooleanOptionalAction append their own "(default: ...)"
 
 
 def config_values(namespace: argparse.Namespace, cls: type) -> dict[str, Any]:

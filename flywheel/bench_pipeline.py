@@ -117,6 +117,8 @@ def bench_step(screens: list[bytes], client: str, episode: int, step: int, steps
         verify=Verify("screen changes near the click", "screen changed near the click", True),
         reward=1.0 if done else 0.0,
         done=done,
+        termination="success" if done else None,
+        seed=episode,
         behaviour_logprob=-0.25,
         inference_ms=18.0,
         env_ms=35.0,

@@ -84,9 +84,8 @@ def cmd_edge(args: argparse.Namespace) -> int:
 
 def cmd_learn(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
-    from learner.recipe import VLARecipe
-    from learner.train import LearnConfig, learn_once
-    from learner.vla_sft import VLATrainConfig
+    from learner.config import LearnConfig, VLARecipe, VLATrainConfig
+    from learner.train import learn_once
 
     settings = get_settings()
     if args.metrics_port >= 0:
@@ -250,8 +249,7 @@ def _edge(p: argparse.ArgumentParser) -> None:
 
 
 def _learn(p: argparse.ArgumentParser) -> None:
-    from learner.train import LearnConfig
-    from learner.vla_sft import VLATrainConfig
+    from learner.config import LearnConfig, VLATrainConfig
 
     p.add_argument("--recipe", default="demo", help="VLA recipe: 'demo', 'release' (configs/vla_<name>.json) or a path")
     p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")

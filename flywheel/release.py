@@ -22,9 +22,9 @@ import polars as pl
 from core.console import say
 from core.settings import Settings, parse_tasks
 from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+from learner.config import VLARecipe
 from learner.data import load_samples
 from learner.vla_export import export_bundle, quantize_bundle
-from learner.recipe import VLARecipe
 from learner.vla_sft import save_weights, train_vla
 
 

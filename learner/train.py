@@ -4,34 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from core.metrics import await_scrape
 from core.settings import Settings
 from learner import metrics
+from learner.config import LearnConfig
 from learner.data import load_samples, table_versions
 from learner.publish import publish_artifact
 from learner.vla_export import export_bundle
-from learner.recipe import VLARecipe
 from learner.vla_sft import VLAProgress, train_vla
 from registry.store import resolve_model
 from streams.model_versions import latest_by_channel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LearnConfig:
-    recipe: VLARecipe = field(default_factory=VLARecipe)
-    """Model, pruning and vocabulary of a fresh VLA (no parent to warm-start from) and the training settings;
-    `recipe.train.steps` is the step count of this run."""
-    purposes: tuple[str, ...] = ("demo", "success")
-    """training_samples purposes used by SFT: expert demonstrations and the fleet's own successes."""
-    warm_start: bool = True
-    """Continue from the newest published checkpoint when there is one."""
-    min_samples: int = 8
-    """Refuse to train on fewer samples (a broken pipeline, not a model to publish)."""
 
 
 def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:

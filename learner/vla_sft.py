@@ -24,6 +24,7 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
+from learner.config import VLATrainConfig
 from learner.vla import IGNORE, VLA, VLAConfig, target_patch_index, vla_loss
 from policy.pruning import PruningConfig, keep_count, patch_prior
 from policy.screen import POSITIONAL_TYPES, decode_png, screenshot_to_chw
@@ -31,44 +32,6 @@ from policy.tokens import ActionTokenizer, short_thought, train_tokenizer
 from schemas import Action
 
 CHECKPOINT_NAME = "vla_checkpoint.pt"
-
-
-@dataclass(frozen=True)
-class VLATrainConfig:
-    """Hyper-parameters of one VLA SFT run."""
-
-    steps: int = 3000
-    """Total optimiser steps (a resumed run continues up to this count)."""
-    batch_size: int = 32
-    """Demonstration steps per batch, sampled uniformly with replacement."""
-    lr: float = 1e-3
-    """Peak AdamW learning rate (linear warm-up, cosine to min_lr_ratio * lr)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    warmup_steps: int = 100
-    """Steps of the linear learning-rate warm-up."""
-    min_lr_ratio: float = 0.05
-    """The cosine schedule ends at this fraction of lr."""
-    grad_clip: float = 1.0
-    """Clip the gradient norm to this (0: no clipping)."""
-    keep_ratios: tuple[float, ...] = (0.25, 0.25, 0.5, 1.0)
-    """Each batch uses one of these visual-token keep ratios (uniformly drawn)."""
-    relevance_weight: float = 0.5
-    """λ_rel: weight of the target-patch NLL that teaches the pruning relevance."""
-    lora_rank: int = 0
-    """> 0: train LoRA adapters of this rank on the decoder (base decoder frozen) instead of all its weights."""
-    lora_alpha: float = 16.0
-    """LoRA scaling alpha (with lora_rank > 0)."""
-    seed: int = 0
-    """Seeds batch sampling and a fresh model's initialisation."""
-    num_threads: int = 2
-    """torch intra-op threads."""
-    log_every: int = 10
-    """Report progress every this many steps (and at the end)."""
-    checkpoint_every: int = 100
-    """Write the checkpoint every this many steps (and at the end)."""
-    progress_bar: bool = True
-    """Show a tqdm progress bar on stderr."""
 
 
 def lr_at(step: int, config: VLATrainConfig) -> float:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import functools
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -151,8 +152,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.cli import EvalConfig
     from flywheel.demo import DemoConfig
     from flywheel.demonstrations import DemonstrationsConfig
-    from learner.train import LearnConfig
-    from learner.vla_sft import VLATrainConfig
+    from learner.config import LearnConfig, VLATrainConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig)  # fmt: skip
@@ -192,7 +192,7 @@ def test_flags_in_use_are_kept(commands):
 
 def test_command_lines_parse_into_their_configs(commands, config_classes):
     from flywheel.cli import build_parser
-    from learner.recipe import VLARecipe
+    from learner.config import VLARecipe
 
     parser, c = build_parser(), config_classes
     args = parser.parse_args(["edge", "--client-id", "c0", "--tasks", "tier1,enter-text", "--episodes", "3",
@@ -212,19 +212,40 @@ def test_command_lines_parse_into_their_configs(commands, config_classes):
     assert config_from(learn, c["LearnConfig"], recipe=recipe) == c["LearnConfig"](recipe=recipe, warm_start=False)
 
 
+# One fresh interpreter runs `flywheel CMD --help` for every command (one per command would import the learner's
+# torch once per process, minutes on a shared box); a second checks the edge's flags build without the learner.
+HELP_ALL = """
+import contextlib, io, json, sys
+from flywheel.cli import main
+results = {}
+for name in sys.argv[1:]:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main([*name.split(), "--help"])
+        except SystemExit as exit:
+            results[name] = [exit.code, out.getvalue()]
+print(json.dumps(results))
+"""
+EDGE_ONLY = """
+import sys
+from flywheel.cli import main
+try:
+    main(["edge", "--help"])
+except SystemExit:
+    pass
+print(sorted({"torch", "transformers", "polars", "faust"} & set(sys.modules)))
+"""
+
+
 def test_help_runs_for_every_command(commands):
-    """Each `flywheel CMD --help` in its own process (all at once), and the edge's builds without the learner."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    runs = {name: subprocess.Popen([sys.executable, "-m", "flywheel.cli", *name.split(), "--help"], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name in ["", *commands]}  # fmt: skip
-    edge_only = ("import sys\nfrom flywheel.cli import main\ntry:\n    main(['edge', '--help'])\nexcept SystemExit:\n"
-                 "    pass\nprint(sorted({'torch', 'polars', 'faust'} & set(sys.modules)))")  # fmt: skip
-    runs["edge imports"] = subprocess.Popen([sys.executable, "-c", edge_only], env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    for name, run in runs.items():
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, f"flywheel {name} --help: {err[-2000:]}"
-        if name != "edge imports":
-            assert out.startswith(f"usage: flywheel {name}".rstrip()), out[:200]
-    assert out.strip().endswith("[]"), out[-300:]
+    names = ["", *commands]
+    run = functools.partial(subprocess.Popen, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    every, edge = run([sys.executable, "-c", HELP_ALL, *names]), run([sys.executable, "-c", EDGE_ONLY])
+    out, err = every.communicate(timeout=300)
+    assert every.returncode == 0, err[-3000:]
+    results = json.loads(out)
+    for name in names:
+        code, text = results.get(name, (None, ""))
+        assert code == 0 and text.startswith(f"usage: flywheel {name}".rstrip()), f"flywheel {name} --help: {text}"
+    out, err = edge.communicate(timeout=300)
+    assert edge.returncode == 0 and out.strip().endswith("[]"), out[-500:] + err[-2000:]

@@ -5,18 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
 import msgspec
 import polars as pl
 import pytest
 
-from core.processes import Child, wait_until
+from core.processes import wait_until
 from lake.queries import episode_stats, step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from processors.compare import compare_tables
 from processors.replay import replay
-from streams.broker import ensure_topics
 from streams.kafka_clients import make_producer
 from streams.topics import topics_for
 from tests.factories import EpisodeEventV1, step_event, v1_step_bytes
@@ -59,24 +57,18 @@ def produce_v1(settings, steps: list, episodes: list) -> None:
     producer.close()
 
 
-def test_replay_rebuilds_tables_equal_to_the_live_ones(kafka_settings, tmp_path):
-    settings = kafka_settings.model_copy(
-        update={"data_dir": tmp_path / "data", "topic_prefix": f"test-{uuid.uuid4().hex[:8]}"}
-    )
-    ensure_topics(settings)
-    env = {"FLYWHEEL_DATA_DIR": str(settings.data_dir), "FLYWHEEL_TOPIC_PREFIX": settings.topic_prefix}
+def test_replay_rebuilds_tables_equal_to_the_live_ones(stack, tmp_path):
+    settings = stack.settings
     steps = mixed_episodes(60)
     old = [s for s in steps if int(s.episode_id.split("-")[-1]) < 20]  # the first 20 episodes predate v2
     produce_v1(settings, old, V1_EPISODES)
     new = steps[len(old) :]
     produce(settings, [*new[:30], b"\xc1 not an event", *new[30:]])  # a dead letter in the log too
     episodes = 60 + len(V1_EPISODES)
-    worker = Child("processors", ["process"], tmp_path / "logs", env)
-    try:
-        wait_until(lambda: step_count(settings.tables_dir) >= len(steps), 120, what="steps in Delta")
-        wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= episodes, 60, what="episodes in Delta")
-    finally:
-        worker.stop()
+    worker = stack.start_worker()
+    wait_until(lambda: step_count(settings.tables_dir) >= len(steps), 120, what="steps in Delta")
+    wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= episodes, 60, what="episodes in Delta")
+    worker.stop()
 
     rebuilt = tmp_path / "rebuilt"
     summary = replay(settings, rebuilt)
@@ -109,7 +101,7 @@ def test_replay_rebuilds_tables_equal_to_the_live_ones(kafka_settings, tmp_path)
     # The command: fresh location, prints the comparison, exit 0 when equal.
     done = subprocess.run(
         [sys.executable, "-m", "flywheel.cli", "replay", "--out", str(tmp_path / "cli")],
-        env={**os.environ, **env},
+        env={**os.environ, **stack.env},
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,10 +13,11 @@ import torch
 
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
+from learner.config import VLATrainConfig
 from learner.vla import VLA, VLAConfig, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import VLATrainConfig, apply_lora, load_vla, merge_lora, train_vla
+from learner.vla_sft import apply_lora, load_vla, merge_lora, train_vla
 from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import decode_png, encode_png, screenshot_to_chw

@@ -1,0 +1,105 @@
+"""The learner's settings, torch-free (the CLI builds its flags from them without importing torch).
+
+VLATrainConfig: the hyper-parameters of one SFT run. VLARecipe: the model, pruning, vocabulary and training
+settings a run starts from, as one JSON file. LearnConfig: one `flywheel learn` run.
+
+configs/vla_demo.json (the demo's small VLA) and configs/vla_release.json (the release) are recipes; the
+release's also lists its demonstrations. Every section is optional: what it leaves out keeps the defaults
+of VLAConfig, PruningConfig and VLATrainConfig.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from policy.pruning import PruningConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass(frozen=True)
+class VLATrainConfig:
+    """Hyper-parameters of one VLA SFT run."""
+
+    steps: int = 3000
+    """Total optimiser steps (a resumed run continues up to this count)."""
+    batch_size: int = 32
+    """Demonstration steps per batch, sampled uniformly with replacement."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (linear warm-up, cosine to min_lr_ratio * lr)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_steps: int = 100
+    """Steps of the linear learning-rate warm-up."""
+    min_lr_ratio: float = 0.05
+    """The cosine schedule ends at this fraction of lr."""
+    grad_clip: float = 1.0
+    """Clip the gradient norm to this (0: no clipping)."""
+    keep_ratios: tuple[float, ...] = (0.25, 0.25, 0.5, 1.0)
+    """Each batch uses one of these visual-token keep ratios (uniformly drawn)."""
+    relevance_weight: float = 0.5
+    """λ_rel: weight of the target-patch NLL that teaches the pruning relevance."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank on the decoder (base decoder frozen) instead of all its weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling alpha (with lora_rank > 0)."""
+    seed: int = 0
+    """Seeds batch sampling and a fresh model's initialisation."""
+    num_threads: int = 2
+    """torch intra-op threads."""
+    log_every: int = 10
+    """Report progress every this many steps (and at the end)."""
+    checkpoint_every: int = 100
+    """Write the checkpoint every this many steps (and at the end)."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar on stderr."""
+
+
+@dataclass(frozen=True)
+class VLARecipe:
+    model: dict = field(default_factory=dict)
+    """VLAConfig fields of a fresh model (learner.vla); vocab_size and bin_px come from the tokenizer."""
+    pruning: PruningConfig = field(default_factory=PruningConfig)
+    vocab_size: int = 1024
+    """Size of the locally trained tokenizer's vocabulary, action tokens included."""
+    train: VLATrainConfig = field(default_factory=VLATrainConfig)
+    raw: dict = field(default_factory=dict)
+    """The whole JSON (sections other programs read, e.g. the release's demonstrations)."""
+
+    @classmethod
+    def load(cls, path: str | Path, **train_overrides) -> VLARecipe:
+        """A recipe file, or a name of one in configs/ ('demo' -> configs/vla_demo.json); overrides that are
+        None keep the recipe's value."""
+        if not Path(path).suffix and (CONFIGS / f"vla_{path}.json").exists():
+            path = CONFIGS / f"vla_{path}.json"
+        raw = json.loads(Path(path).read_text())
+        return cls.from_dict(raw, **train_overrides)
+
+    @classmethod
+    def from_dict(cls, raw: dict, **train_overrides) -> VLARecipe:
+        train = dict(raw.get("train", {}))
+        if "keep_ratios" in train:
+            train["keep_ratios"] = tuple(train["keep_ratios"])
+        if "seed" in raw:
+            train.setdefault("seed", int(raw["seed"]))
+        unknown = set(train) - set(VLATrainConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown train settings {sorted(unknown)} (VLATrainConfig has no such fields)")
+        config = replace(VLATrainConfig(**train), **{k: v for k, v in train_overrides.items() if v is not None})
+        return cls(model=dict(raw.get("model", {})), pruning=PruningConfig(**raw.get("pruning", {})),
+                   vocab_size=int(raw.get("vocab_size", 1024)), train=config, raw=raw)  # fmt: skip
+
+
+@dataclass
+class LearnConfig:
+    recipe: VLARecipe = field(default_factory=VLARecipe)
+    """Model, pruning and vocabulary of a fresh VLA (no parent to warm-start from) and the training settings;
+    `recipe.train.steps` is the step count of this run."""
+    purposes: tuple[str, ...] = ("demo", "success")
+    """training_samples purposes used by SFT: expert demonstrations and the fleet's own successes."""
+    warm_start: bool = True
+    """Continue from the newest published checkpoint when there is one."""
+    min_samples: int = 8
+    """Refuse to train on fewer samples (a broken pipeline, not a model to publish)."""
