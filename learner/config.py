@@ -54,7 +54,7 @@ class VLATrainConfig:
     checkpoint_every: int = 100
     """Write the checkpoint every this many steps (and at the end)."""
     progress_bar: bool = True
-    """Show a tqdm progress bar on stderr."""
+    """Show a tqdm progress bar on stderr when it is a terminal (a log file gets the periodic progress lines)."""
 
 
 @dataclass(frozen=True)

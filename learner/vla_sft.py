@@ -245,7 +245,8 @@ def train_vla(
     losses: list[float] = []
     model.train()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    bar = tqdm(total=config.steps, initial=start_step, desc="vla sft", file=sys.stderr, disable=not config.progress_bar)
+    bar = tqdm(total=config.steps, initial=start_step, desc="vla sft", file=sys.stderr,
+               disable=not (config.progress_bar and sys.stderr.isatty()))  # fmt: skip
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     for step in range(start_step, end):
         lr = lr_at(step, config)
