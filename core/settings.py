@@ -65,7 +65,12 @@ class Settings(BaseSettings):
     bootstrap_servers: str = Field(
         "", description="External Kafka to use; empty means the local broker started by `flywheel kafka up`."
     )
-    kafka_port: int = Field(19092, description="Client port of the local broker (controller uses kafka_port + 1).")
+    kafka_port: int = Field(
+        19092, description="Client port of local node 1; node k listens on kafka_port + 2(k-1), its controller on +1."
+    )
+    kafka_nodes: int = Field(
+        1, ge=1, description="Nodes of the local cluster, each broker+controller; 3 or more: replication 3, min ISR 2."
+    )
     kafka_version: str = Field("4.1.1", description="Apache Kafka release resolved from Maven Central.")
     kafka_heap: str = Field("384m", description="Broker JVM heap: small on purpose, the box has 2 cores and is shared.")
     data_dir: Path = Field(Path("flywheel-data"), description="Root of the Delta tables and the artifact store.")
@@ -75,6 +80,13 @@ class Settings(BaseSettings):
         "flywheel", description="Prefix of every topic name, so several flywheels can share a cluster."
     )
     max_screenshot_bytes: int = Field(512 * 1024, description="A step with a larger screenshot is dead-lettered.")
+    dedup_window_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="The sinks hold the identities (event_id, ...) of rows produced this recently in memory to drop "
+        "repeats (an edge re-send, an episode re-emitted after a crash); older events are looked up in Delta instead. "
+        "Memory: about 140 bytes per step in the window (1000 steps/s for an hour: ~0.5 GB).",
+    )
     metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
     listen_host: str = Field(
         "127.0.0.1", description="Interface the local broker's client listener binds to (its controller: loopback)."
@@ -101,6 +113,9 @@ class Settings(BaseSettings):
     canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
     canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
+    maintenance_interval_s: float = Field(
+        0.0, ge=0.0, description="Seconds between the worker's Delta maintenance passes (0: off; `flywheel maintain`)."
+    )
 
     @model_validator(mode="after")
     def _sasl_needs_credentials(self) -> Settings:
@@ -128,10 +143,34 @@ class Settings(BaseSettings):
         return self.security_protocol in ("SSL", "SASL_SSL")
 
     @property
-    def local_bootstrap(self) -> str:
+    def kafka_node_ids(self) -> range:
+        """Kafka node ids of the local cluster: 1..kafka_nodes (what describe_topics names as leaders)."""
+        return range(1, self.kafka_nodes + 1)
+
+    def kafka_node_port(self, node: int) -> int:
+        """Client port of local node `node` (1-based); its controller listens on the next port."""
+        return self.kafka_port + 2 * (node - 1)
+
+    def local_node_address(self, node: int) -> str:
         # A wildcard listen_host (0.0.0.0, ::) also listens on loopback, the address local processes use.
         host = "127.0.0.1" if self.listen_host in ("", "0.0.0.0", "::") else self.listen_host
-        return f"[{host}]:{self.kafka_port}" if ":" in host else f"{host}:{self.kafka_port}"
+        port = self.kafka_node_port(node)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def local_bootstrap(self) -> str:
+        # Every node: a client reaches the cluster while any one of them is up.
+        return ",".join(self.local_node_address(node) for node in self.kafka_node_ids)
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas of the topics on the local cluster, faust's own topics included (1 node by default)."""
+        return min(3, self.kafka_nodes)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """With 3 replicas an acks=all write is on 2 before it is acknowledged, so one node may fail."""
+        return 2 if self.replication_factor >= 3 else 1
 
     @property
     def bootstrap(self) -> str:
@@ -148,6 +187,11 @@ class Settings(BaseSettings):
     @property
     def artifacts_dir(self) -> Path:
         return self.data_dir / "artifacts"
+
+    @property
+    def pins_dir(self) -> Path:
+        """Table versions running learners read (lake/pins.py): Delta maintenance keeps their files."""
+        return self.data_dir / "learner" / "pins"
 
 
 @lru_cache(maxsize=1)

@@ -87,7 +87,7 @@ class ModelSwapper:
                 TrustedKeys(self.trusted_dir).verify(latest)  # read anew: keys may be added while running
             path = fetch_verified(latest.artifact_uri, latest.sha256)
             policy = self.load(str(path), latest.version)
-        except (ModelRejected, OSError, RuntimeError) as error:
+        except (ModelRejected, OSError, RuntimeError, ValueError) as error:  # ValueError: a manifest's odd URI
             log.error("refusing model %s, keeping %s: %s", latest.version, self._current_version(), error)
             metrics.MODEL_SWAPS.labels("rejected").inc()
             if getattr(error, "permanent", not isinstance(error, OSError)):

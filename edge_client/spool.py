@@ -5,6 +5,8 @@ the spool grows (bounded); when Kafka is back the drain catches up, oldest first
 File format of `spool.log`: records of [u32 topic length][u32 key length][u32 value length]
 [topic][key][value]. `cursor` holds the byte offset of the first record not yet acknowledged by
 Kafka. When the drain reaches the end, both are reset, so the file stays small in normal operation.
+A client killed after Kafka acknowledged records but before the cursor says so sends them again on its
+next run: the log then holds them twice, and the sinks keep one row per event_id (processors.dedup).
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ class SpoolingPublisher:
         spool: Spool,
         make_producer: Callable[[], object],
         on_delivered: Callable[[SpooledRecord], None] = lambda record: None,
+        on_acknowledged: Callable[[list[SpooledRecord]], None] = lambda records: None,
         batch: int = 200,
         send_timeout_s: float = 5.0,
         max_backoff_s: float = 10.0,
@@ -136,6 +139,9 @@ class SpoolingPublisher:
         self.spool = spool
         self.make_producer = make_producer
         self.on_delivered = on_delivered
+        # Between Kafka's acknowledgement and the cursor write: a process that dies here sends these records again
+        # on its next run, and the sinks drop the copies by event_id (processors.dedup). Tests kill it here.
+        self.on_acknowledged = on_acknowledged
         self.batch = batch
         self.send_timeout_s = send_timeout_s
         self.max_backoff_s = max_backoff_s
@@ -211,6 +217,7 @@ class SpoolingPublisher:
         if not self.online:
             log.warning("kafka reachable again; spool drained to %d events", self.depth() - len(records))
         self.online = True
+        self.on_acknowledged(records)
         self.spool.advance(records[-1].end, len(records))
         for record in records:
             self.on_delivered(record)

@@ -52,12 +52,14 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     from streams import broker
 
     settings = get_settings()
+    if args.nodes is not None:
+        settings = settings.model_copy(update={"kafka_nodes": args.nodes})
     if args.action == "up":
-        pid = broker.up(settings)
-        print(f"kafka running (pid {pid}) at {settings.bootstrap}")
+        pids = broker.up(settings)
+        print(f"kafka running (pids {', '.join(map(str, pids.values()))}) at {settings.bootstrap}")
     elif args.action == "down":
-        broker.down(settings)
-        print("kafka stopped")
+        stopped = broker.down(settings)
+        print(f"kafka stopped ({len(stopped)} of {settings.kafka_nodes} node(s) were running)")
     else:
         print(json.dumps(broker.status(settings), indent=2))
     return 0
@@ -220,6 +222,35 @@ def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    import threading
+
+    from processors.maintenance import MaintenanceConfig, format_report, maintain_every, maintain_tables
+
+    settings, config = get_settings(), config_from(args, MaintenanceConfig)
+
+    def show(report) -> None:
+        print(json.dumps(report.as_json(), indent=2) if args.json else format_report(report), flush=True)
+
+    if args.once:
+        report = maintain_tables(settings, config)
+        show(report)
+        return 0 if report.ok else 1
+    try:
+        maintain_every(settings, args.interval, threading.Event(), config, on_report=show)
+    except KeyboardInterrupt:  # Ctrl-C lands between delta-rs calls, never inside a commit
+        pass
+    return 0
+
+
+def cmd_bench_maintenance(args: argparse.Namespace) -> int:
+    from flywheel.bench_maintenance import MaintenanceBenchConfig, run_bench
+
+    result = run_bench(config_from(args, MaintenanceBenchConfig), get_settings())
+    print(f"wrote {result['config']['out']}/maintenance_bench.json")
+    return 0 if not result["maintenance_error"] else 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from flywheel.status import render_status
 
@@ -231,6 +262,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 # dataclass imports its module: `flywheel edge` on an edge install must not import the learner's torch.
 def _kafka(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument(
+        "--nodes",
+        type=int,
+        choices=range(1, 10),
+        metavar="N",
+        help="local cluster nodes (default: FLYWHEEL_KAFKA_NODES)",
+    )
     p.set_defaults(func=cmd_kafka)
 
 
@@ -310,14 +348,26 @@ def _dlq(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_dlq)
 
 
+def _maintain(p: argparse.ArgumentParser) -> None:
+    from processors.maintenance import MaintenanceConfig
+
+    p.add_argument("--once", action="store_true", help="one pass, then exit (1 when a table failed)")
+    p.add_argument("--interval", type=float, default=3600.0, help="seconds between passes")
+    p.add_argument("--json", action="store_true", help="print each report as JSON")
+    add_config_arguments(p, MaintenanceConfig)
+    p.set_defaults(func=cmd_maintain)
+
+
 def _bench(p: argparse.ArgumentParser) -> None:
     from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
 
     what = p.add_subparsers(dest="what", required=True)
     kinds = {
         "pipeline": ("faust vs a bare consumer: capacity and latency", BenchConfig, cmd_bench_pipeline),
         "edge": ("the VLA step five ways on real screens", EdgeBenchConfig, cmd_bench_edge),
+        "maintenance": ("a steps table before and after maintenance", MaintenanceBenchConfig, cmd_bench_maintenance),
         "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
     }
     for name, (help_text, config, func) in kinds.items():
@@ -340,7 +390,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "status": ("one screen: fleet, pipeline, learner, success by task and model version", _status),
     "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
     "dlq": ("list the dead letters (reason, detail, source offset, size)", _dlq),
-    "bench": ("benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step)", _bench),
+    "maintain": ("compact, vacuum and checkpoint the Delta tables, keeping every version still read", _maintain),
+    "bench": ("benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step), `maintenance`", _bench),
 }
 
 

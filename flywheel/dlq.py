@@ -31,8 +31,17 @@ class DeadLetter:
         return out
 
 
-def _header(headers: dict[str, bytes], name: str, default: str = "") -> str:
-    return headers.get(name, default.encode()).decode(errors="replace")
+def _header(headers: dict[str, bytes | None], name: str, default: str = "") -> str:
+    value = headers.get(name)
+    return default if value is None else value.decode(errors="replace")
+
+
+def _int_header(headers: dict[str, bytes | None], name: str) -> int:
+    """A number header, -1 when missing or not a number (the topic may hold what no worker wrote)."""
+    try:
+        return int(_header(headers, name))
+    except ValueError:
+        return -1
 
 
 def read_dead_letters(settings: Settings, limit: int | None = None) -> list[DeadLetter]:
@@ -52,8 +61,8 @@ def read_dead_letters(settings: Settings, limit: int | None = None) -> list[Dead
                         reason=_header(headers, "reason", "?"),
                         detail=_header(headers, "detail"),
                         source_topic=_header(headers, "source_topic"),
-                        source_partition=int(_header(headers, "source_partition", "-1") or -1),
-                        source_offset=int(_header(headers, "source_offset", "-1") or -1),
+                        source_partition=_int_header(headers, "source_partition"),
+                        source_offset=_int_header(headers, "source_offset"),
                         size=len(record.value or b""),
                         value=record.value or b"",
                     )

@@ -9,6 +9,7 @@ in a fresh interpreter) get the run's settings through their environment and are
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ class LocalStack:
     workers: list[Child] = field(default_factory=list)
     children: list[Child] = field(default_factory=list, repr=False)
     broker_stopped: bool = False
+    nodes_stopped: set[int] = field(default_factory=set)
 
     @property
     def worker(self) -> Child:
@@ -61,12 +63,25 @@ class LocalStack:
         self._refuse_external()
         broker.up(self.settings)
         self.broker_stopped = False
+        self.nodes_stopped.clear()
+
+    def stop_node(self, node: int, sig: int = signal.SIGTERM) -> None:
+        """Take one node of the local cluster down (SIGKILL: a crash); brought back on close if not before."""
+        self._refuse_external()
+        self.nodes_stopped.add(node)
+        broker.stop_node(self.settings, node, sig)
+
+    def start_node(self, node: int) -> None:
+        self._refuse_external()
+        broker.start_node(self.settings, node)
+        self.nodes_stopped.discard(node)
 
     def close(self) -> None:
-        """Stop every child, newest first (clients before the worker they feed), and bring a stopped broker back."""
+        """Stop every child, newest first (clients before the worker they feed), and bring a stopped broker or node
+        back."""
         for child in reversed(self.children):
             child.stop()
-        if self.broker_stopped:  # a session's broker outlives this stack: leave it as found
+        if self.broker_stopped or self.nodes_stopped:  # a session's broker outlives this stack: leave it as found
             self.start_broker()
 
     def _refuse_external(self) -> None:

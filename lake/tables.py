@@ -85,11 +85,24 @@ TRAINING_SAMPLES_SCHEMA = pa.schema(
         ("kafka_partition", pa.int32()),
         ("kafka_offset", pa.int64()),
         ("ingested_at", pa.float64()),
+        ("produced_at", pa.float64()),  # the episode's (its final step's): the time the de-duplication windows on
     ]
 )
 
 SCHEMAS = {STEPS: STEPS_SCHEMA, EPISODES: EPISODES_SCHEMA, TRAINING_SAMPLES: TRAINING_SAMPLES_SCHEMA}
 PARTITION_BY = {STEPS: ["date"], EPISODES: None, TRAINING_SAMPLES: None}
+# Set when a table is created. delta-rs's commits would otherwise each delete log files older than 30 days below the
+# newest checkpoint (its compaction ignores a commit's own setting), making old versions a model's lineage still
+# reads unloadable; processors.maintenance cleans up below the oldest version still needed instead.
+TABLE_CONFIGURATION = {"delta.enableExpiredLogCleanup": "false"}
+# What makes a row the same row: each table holds one row per identity, whatever the Kafka offsets
+# (processors.dedup). An episode's event_id is minted by the scorer, so a re-emission has a new one: the
+# episode is its episode_id. Every copy of a row has the same produced_at, the time the de-duplication windows on.
+IDENTITY: dict[str, tuple[str, ...]] = {
+    STEPS: ("event_id",),
+    EPISODES: ("episode_id",),
+    TRAINING_SAMPLES: ("episode_id", "step", "purpose"),
+}
 
 
 def table_uri(tables_dir: Path, name: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from core.metrics import await_scrape
 from core.settings import Settings
+from lake.pins import pinned
 from learner import metrics
 from learner.config import LearnConfig
 from learner.data import load_samples, table_versions
@@ -23,6 +24,12 @@ log = logging.getLogger(__name__)
 
 def learn_once(settings: Settings, config: LearnConfig, progress=None) -> dict:
     versions = table_versions(settings.tables_dir)
+    # Delta maintenance keeps these versions' files while the run reads them; the manifest's lineage then does.
+    with pinned(settings.pins_dir, versions):
+        return _learn_at(settings, config, versions, progress)
+
+
+def _learn_at(settings: Settings, config: LearnConfig, versions: dict[str, int], progress=None) -> dict:
     frame = load_samples(settings.tables_dir, config.purposes, versions)
     if frame.height < config.min_samples:
         raise RuntimeError(f"only {frame.height} training samples in {settings.tables_dir} (need {config.min_samples})")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import polars as pl
 
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, IDENTITY, STEPS, TRAINING_SAMPLES, table_uri
 
 KEYS: dict[str, list[str]] = {
     STEPS: ["event_id"],
     EPISODES: ["event_id"],
-    TRAINING_SAMPLES: ["episode_id", "step", "purpose"],  # gold rows have no event id of their own
+    TRAINING_SAMPLES: list(IDENTITY[TRAINING_SAMPLES]),  # gold rows have no event id of their own
 }
 INGESTION_COLUMNS = frozenset({"ingested_at"})  # when the sink wrote the row, not what the log says
 

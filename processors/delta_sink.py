@@ -10,15 +10,18 @@ faust's own exactly-once mode is not used (docs/architecture.md: it duplicates a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from lake.tables import PARTITION_BY, SCHEMAS, table_uri
+from lake.tables import PARTITION_BY, SCHEMAS, TABLE_CONFIGURATION, table_uri
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,20 @@ class Record:
     partition: int
     offset: int
     rows: list[dict]  # empty: nothing to write (a dead letter, a duplicate), but the offset still counts
-    key: str = ""  # business key for de-duplication above the offset level (episode_id)
+
+
+def _may_hold(actions: pa.Table, column: str, low, high) -> pa.ChunkedArray:
+    """Per file (a row of the flattened add actions): whether it may hold values of `column` in [low, high]."""
+    names = actions.column_names
+    if f"partition.{column}" in names:
+        value = actions.column(f"partition.{column}")
+        return pc.and_kleene(pc.greater_equal(value, low), pc.less_equal(value, high))
+    if f"min.{column}" not in names:
+        return pa.chunked_array([pa.array([True] * actions.num_rows)])  # no statistics kept for this column
+    overlaps = pc.and_kleene(
+        pc.less_equal(actions.column(f"min.{column}"), high), pc.greater_equal(actions.column(f"max.{column}"), low)
+    )
+    return pc.fill_null(overlaps, True)  # a file without statistics may hold anything
 
 
 def app_id(sink: str, topic: str, partition: int) -> str:
@@ -49,6 +65,7 @@ class DeltaSink:
         self.partition_by = PARTITION_BY[table]
         self._dt: DeltaTable | None = None
         self.written_version: int | None = None  # the table version of this sink's last commit
+        self.committed: dict[tuple[str, int], int] = {}  # offsets in the table, as `not_yet_written` last read them
 
     def _table(self) -> DeltaTable | None:
         """The table at its newest version (None before the first commit)."""
@@ -73,7 +90,7 @@ class DeltaSink:
     def not_yet_written(self, records: Sequence[Record]) -> list[Record]:
         """Drop records whose offsets an earlier commit already holds (redelivery after a restart),
         and repeats of an offset within the batch (redelivery after a rebalance, before the ack)."""
-        committed = self.committed_offsets({(r.topic, r.partition) for r in records})
+        committed = self.committed = self.committed_offsets({(r.topic, r.partition) for r in records})
         fresh, seen = [], set()
         for record in records:
             at = (record.topic, record.partition, record.offset)
@@ -108,6 +125,7 @@ class DeltaSink:
             partition_by=self.partition_by,
             schema_mode="merge",
             commit_properties=CommitProperties(app_transactions=transactions),
+            configuration=TABLE_CONFIGURATION,  # used only when this commit creates the table
         )
         # Writing through the DeltaTable object moves it to exactly our commit's version; a table this call
         # created is opened afresh, and its version then may include others' commits, so it is not claimed.
@@ -119,9 +137,24 @@ class DeltaSink:
         """The table version as of the last refresh (`not_yet_written` refreshes; -1 before any commit)."""
         return -1 if self._dt is None else self._dt.version()
 
-    def existing_values(self, column: str) -> set:
-        """Distinct values of one column (used to de-duplicate by business key)."""
-        dt = self._table()
-        if dt is None:
-            return set()
-        return set(dt.to_pyarrow_table(columns=[column]).column(column).to_pylist())
+    def read(self, columns: list[str], where: pc.Expression, within: Mapping[str, tuple]) -> pa.Table:
+        """`columns` of the rows matching `where` (data columns only), as of the last refresh, read from the files
+        that may hold rows with each column of `within` in its closed range [low, high]: by the file's partition
+        value, else by its min/max statistics (a file without them is read). The Delta log's own file list and
+        statistics: deltalake's dataset costs seconds per call on a table of a few hundred files."""
+        if self._dt is None:
+            return self.schema.empty_table().select(columns)
+        actions = pa.table(self._dt.get_add_actions(flatten=True))
+        for column, (low, high) in within.items():
+            actions = actions.filter(_may_hold(actions, column, low, high))
+        paths = [str(Path(self.uri) / unquote(path)) for path in actions.column("path").to_pylist()]
+        schema = pa.schema([f for f in self.schema if f.name not in (self.partition_by or ())])
+        return pads.dataset(paths, schema=schema, format="parquet").to_table(columns=columns, filter=where)
+
+    def newest(self, column: str) -> float | None:
+        """The largest value of `column` by the files' statistics (None: no rows, or no statistics)."""
+        if self._dt is None:
+            return None
+        actions = pa.table(self._dt.get_add_actions(flatten=True))
+        name = f"max.{column}"
+        return pc.max(actions.column(name)).as_py() if name in actions.column_names else None

@@ -46,7 +46,8 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         value_serializer="raw",
         key_serializer="raw",
         store="memory://",  # state is rebuilt from its changelog topic on start
-        topic_replication_factor=1,
+        # faust's own topics (its leader-assignor topic) as replicated as ours: a lost node must not take them along.
+        topic_replication_factor=settings.replication_factor,
         topic_partitions=settings.topic_partitions,
         web_enabled=False,  # /metrics is served by prometheus_client instead
         producer_acks=-1,

@@ -7,7 +7,7 @@ from prometheus_client import Counter, Histogram
 
 EVENTS = Counter(
     "flywheel_processor_events_total", "Events consumed by the sinks", ["topic", "outcome"]
-)  # outcome: ok | dead_letter | duplicate (already in Delta: a redelivery)
+)  # outcome: ok | dead_letter | duplicate (already in Delta: a redelivery, or a copy of a step by event_id)
 DEAD_LETTERS = Counter("flywheel_dead_letters_total", "Events sent to the dead-letter topic", ["reason"])
 DELTA_COMMITS = Counter("flywheel_delta_commits_total", "Delta commits made by the sinks", ["table"])
 DELTA_ROWS = Counter("flywheel_delta_rows_total", "Rows appended to Delta tables", ["table"])

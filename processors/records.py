@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from processors.delta_sink import DeltaSink, Record
+from processors.delta_sink import Record
 from processors.rows import episode_row, sample_rows, step_row
 from processors.scoring import curate
 from schemas import EpisodeEvent, EventDecodeError, StepEvent, decode_event
+
+Dead = tuple[object, EventDecodeError]  # a message that is not a valid event, and why
 
 BATCH_MAX = 2000  # records per Delta commit at most (bigger batches amortise the commit under load)
 
@@ -27,7 +29,7 @@ def decode_step(payload: bytes, max_screenshot_bytes: int) -> StepEvent:
 def dead_letter_headers(message, error: EventDecodeError) -> dict[str, bytes]:
     return {
         "reason": error.reason.encode(),
-        "detail": str(error)[:1000].encode(),
+        "detail": str(error)[:1000].encode(errors="replace"),
         "source_topic": message.topic.encode(),
         "source_partition": str(message.partition).encode(),
         "source_offset": str(message.offset).encode(),
@@ -38,15 +40,16 @@ def dead_letter_headers(message, error: EventDecodeError) -> dict[str, bytes]:
 class StepBatch:
     records: list[Record]  # one per message; a dead letter has no rows but keeps its offset
     steps: dict[tuple[str, int, int], StepEvent] = field(default_factory=dict)  # by (topic, partition, offset)
-    dead: dict[tuple[str, int, int], tuple[object, EventDecodeError]] = field(default_factory=dict)
+    dead: dict[tuple[str, int, int], Dead] = field(default_factory=dict)
 
     def keep_only(self, fresh: list[Record]) -> StepBatch:
-        """The part of this batch that `fresh` (the records not yet in Delta) covers, in batch order."""
-        at = {(r.topic, r.partition, r.offset) for r in fresh}
+        """The part of this batch that `fresh` (the records not yet in Delta) covers, in batch order; a step whose
+        record lost its row repeats one already written (processors.dedup), so assembly does not see it again."""
+        kept = {(r.topic, r.partition, r.offset): r for r in fresh}
         return StepBatch(
             fresh,
-            {k: v for k, v in self.steps.items() if k in at},
-            {k: v for k, v in self.dead.items() if k in at},
+            {k: v for k, v in self.steps.items() if k in kept and kept[k].rows},
+            {k: v for k, v in self.dead.items() if k in kept},
         )
 
 
@@ -65,9 +68,8 @@ def step_records(messages: Iterable, max_screenshot_bytes: int) -> StepBatch:
     return batch
 
 
-def episode_records(messages: Iterable) -> tuple[list[Record], list[Record], list[tuple[object, EventDecodeError]]]:
-    """(episodes records, training_samples records, dead letters), keyed by episode_id for the
-    de-duplication above the offset level."""
+def episode_records(messages: Iterable) -> tuple[list[Record], list[Record], list[Dead]]:
+    """(episodes records, training_samples records, dead letters)."""
     episodes, samples, dead = [], [], []
     for message in messages:
         at = (message.topic, message.partition, message.offset)
@@ -80,42 +82,12 @@ def episode_records(messages: Iterable) -> tuple[list[Record], list[Record], lis
             continue
         kept = curate(episode)
         rows = sample_rows(episode, *kept, message.partition, message.offset) if kept else []
-        episodes.append(Record(*at, [episode_row(episode, message.partition, message.offset)], episode.episode_id))
-        samples.append(Record(*at, rows, episode.episode_id))
+        episodes.append(Record(*at, [episode_row(episode, message.partition, message.offset)]))
+        samples.append(Record(*at, rows))
     return episodes, samples, dead
 
 
-class EpisodeDeduper:
-    """Episode ids already in a table: assembly may emit an episode twice after a crash, with two
-    different offsets, so the offset check alone cannot catch it.
-
-    The ids are loaded once and then kept up to date by this process's own commits; should the table
-    move by a commit that is not ours (another worker, which held these partitions before a rebalance),
-    they are loaded again, so a copy that worker already wrote is still recognised.
-    """
-
-    def __init__(self, sink: DeltaSink):
-        self.sink = sink
-        self.seen: set[str] | None = None
-        self.synced_version = -2  # the table version `seen` reflects
-
-    def fresh(self, records: list[Record]) -> list[Record]:
-        """Records whose episode is not in the table yet (call after `sink.not_yet_written`, which refreshes
-        the table); repeats become row-less records that still carry their offsets."""
-        if self.seen is None or self.sink.version() != self.synced_version:
-            self.seen = self.sink.existing_values("episode_id")  # refreshes the table again
-            self.synced_version = self.sink.version()
-        kept = []
-        for record in records:
-            if record.key in self.seen:
-                record = Record(record.topic, record.partition, record.offset, [], record.key)
-            elif record.key:
-                self.seen.add(record.key)
-            kept.append(record)
-        return kept
-
-    def written(self) -> None:
-        """Our commit of what `fresh` kept landed: its ids are in `seen` already. Only when it directly
-        follows the version `seen` reflects is nothing else missed."""
-        if self.sink.written_version == self.synced_version + 1:
-            self.synced_version = self.sink.written_version
+def dead_among(dead: list[Dead], fresh: list[Record]) -> list[Dead]:
+    """The dead letters whose offsets `fresh` holds: those not sent by an earlier run already."""
+    kept = {(r.topic, r.partition, r.offset) for r in fresh}
+    return [(m, e) for m, e in dead if (m.topic, m.partition, m.offset) in kept]

@@ -3,13 +3,12 @@ source of truth, every table a projection of it).
 
 A bare kafka-python consumer (no group) assigns every partition of the steps and episodes topics,
 reads from the beginning up to the end offsets captured when it starts (the replay's horizon), and
-turns records into rows through the same functions the faust agents use (`processors.records`,
-`EpisodeDeduper`, `DeltaSink` (offsets in the
-commit, so a replay interrupted half-way resumes where it stopped, and a second replay of the same
-horizon writes nothing).
+turns records into rows through the same functions the faust agents use (`processors.records`, the
+de-duplication by identity of `processors.dedup`, `DeltaSink` with the offsets in the commit, so a replay
+interrupted half-way resumes where it stopped, and a second replay of the same horizon writes nothing).
 
 Episodes are read from the `episodes` topic, not re-assembled from steps: the log holds the scored
-EpisodeEvents the live sink wrote, with their event ids and scoring times. Re-scoring would mint
+EpisodeEvents the live sink wrote, with their event ids. Re-scoring would mint
 new event ids (and could not know which of two copies emitted after a crash the live table kept),
 so the rebuilt `episodes` table could not equal the live one row for row. Assembly and scoring are
 pure functions (processors.scoring) covered by their own tests; replay reproduces the projection
@@ -28,8 +27,9 @@ from kafka import KafkaConsumer, TopicPartition
 
 from core.settings import Settings
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink
-from processors.records import BATCH_MAX, EpisodeDeduper, episode_records, step_records
+from processors.records import BATCH_MAX, episode_records, step_records
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
@@ -117,9 +117,9 @@ def replay(
     out_dir.mkdir(parents=True, exist_ok=True)
     topics = topics_for(settings)
     steps_topic, episodes_topic = topics.steps.name, topics.episodes.name
-    steps_sink = DeltaSink(out_dir, STEPS)
-    episodes_sink, samples_sink = DeltaSink(out_dir, EPISODES), DeltaSink(out_dir, TRAINING_SAMPLES)
-    episodes_seen, samples_seen = EpisodeDeduper(episodes_sink), EpisodeDeduper(samples_sink)
+    step_ids, episode_ids, sample_ids = (
+        RecentIds(DeltaSink(out_dir, table), settings.dedup_window_s) for table in (STEPS, EPISODES, TRAINING_SAMPLES)
+    )
 
     consumer = make_consumer(settings, "flywheel-replay", consumer_timeout_ms=1000, fetch_max_bytes=64 * 1024 * 1024)
     try:
@@ -137,17 +137,11 @@ def replay(
             if topic == steps_topic:
                 steps = step_records(batch, settings.max_screenshot_bytes)
                 summary.dead_letters += len(steps.dead)
-                summary.rows[STEPS] += steps_sink.write(steps.records)
+                summary.rows[STEPS] += _write(step_ids, steps.records)
             else:
                 episodes, samples, _dead = episode_records(batch)
-                for table, sink, seen, records in (
-                    (EPISODES, episodes_sink, episodes_seen, episodes),
-                    (TRAINING_SAMPLES, samples_sink, samples_seen, samples),
-                ):
-                    fresh = seen.fresh(sink.not_yet_written(records))
-                    if fresh:
-                        summary.rows[table] += sink.write(fresh)
-                        seen.written()
+                summary.rows[EPISODES] += _write(episode_ids, episodes)
+                summary.rows[TRAINING_SAMPLES] += _write(sample_ids, samples)
             if progress is not None:
                 progress(summary)
 
@@ -165,3 +159,10 @@ def replay(
         consumer.close()
     summary.wall_s = time.monotonic() - started
     return summary
+
+
+def _write(ids: RecentIds, records: list) -> int:
+    """Append the records neither written nor repeating a row already written, as the live sink does; the rows."""
+    rows = ids.sink.append(ids.fresh(records))
+    ids.written()
+    return rows

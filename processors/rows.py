@@ -97,6 +97,7 @@ def sample_rows(event: EpisodeEvent, purpose: str, weight: float, partition: int
             "kafka_partition": partition,
             "kafka_offset": offset,
             "ingested_at": now,
+            "produced_at": event.produced_at,
         }
         for step in range(event.steps)
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from schemas import EpisodeEvent, StepEvent, new_event_id
@@ -61,7 +60,7 @@ def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeig
     return EpisodeEvent(
         event_id=new_event_id(),
         client_id=last.client_id,
-        produced_at=time.time(),
+        produced_at=last.produced_at,  # not the scoring time: a re-emission after a crash carries the same time
         episode_id=last.episode_id,
         task=last.task,
         seed=last.seed,

@@ -20,13 +20,14 @@ import uvloop
 from core.metrics import serve_metrics
 from core.settings import Settings, get_settings
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
-from processors import metrics
+from processors import maintenance, metrics
 from processors.assembly import EpisodeAssembler
 from processors.batching import Batcher
+from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
 from processors.lag import LagExporter
-from processors.records import BATCH_MAX, EpisodeDeduper, dead_letter_headers, episode_records, step_records
+from processors.records import BATCH_MAX, dead_among, dead_letter_headers, episode_records, step_records
 from schemas import encode_event
 
 log = logging.getLogger(__name__)
@@ -56,20 +57,20 @@ def build_app(settings: Settings) -> faust.App:
         """Send dead letters; return the delivery futures (await them before committing offsets)."""
         sent = []
         for message, error in dead:
-            sent.append(
-                await topics["dead_letters"].send(value=message.value, headers=dead_letter_headers(message, error))
-            )
+            value = message.value or b""  # a record without a value (a tombstone) has nothing else to keep
+            sent.append(await topics["dead_letters"].send(value=value, headers=dead_letter_headers(message, error)))
             metrics.DEAD_LETTERS.labels(error.reason).inc()
         return sent
 
     @app.agent(topics["steps"])
     async def ingest_steps(stream):
         sink = DeltaSink(settings.tables_dir, STEPS)
+        step_ids = RecentIds(sink, settings.dedup_window_s)
         assembler = EpisodeAssembler(settings.tables_dir)
 
         async def write_steps(events) -> None:
             batch = step_records((event.message for event in events), settings.max_screenshot_bytes)
-            fresh = batch.keep_only(await asyncio.to_thread(sink.not_yet_written, batch.records))
+            fresh = batch.keep_only(await asyncio.to_thread(step_ids.fresh, batch.records))
             # Dead letters and finished episodes reach Kafka before the commit (faust's send only buffers,
             # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
             # rather than losing them.
@@ -79,13 +80,14 @@ def build_app(settings: Settings) -> faust.App:
                 metrics.count_episode(episode.task, episode.success, episode.model_version)
             await asyncio.gather(*sent)
             await _commit(sink, fresh.records)
+            step_ids.written()
             committed_at = time.time()
             for step in fresh.steps.values():
                 metrics.END_TO_END_SECONDS.observe(max(0.0, committed_at - step.produced_at))
             metrics.BATCH_EVENTS.labels(STEPS).observe(len(events))
             metrics.EVENTS.labels("steps", "ok").inc(len(fresh.steps))
             metrics.EVENTS.labels("steps", "dead_letter").inc(len(fresh.dead))
-            metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh.records))
+            metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh.steps) - len(fresh.dead))
 
         batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S)
         batchers.append(batcher)
@@ -94,20 +96,17 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.agent(topics["episodes"])
     async def sink_episodes(stream):
-        episodes_sink = DeltaSink(settings.tables_dir, EPISODES)
-        samples_sink = DeltaSink(settings.tables_dir, TRAINING_SAMPLES)
-        episodes_seen, samples_seen = EpisodeDeduper(episodes_sink), EpisodeDeduper(samples_sink)
+        episode_ids = RecentIds(DeltaSink(settings.tables_dir, EPISODES), settings.dedup_window_s)
+        sample_ids = RecentIds(DeltaSink(settings.tables_dir, TRAINING_SAMPLES), settings.dedup_window_s)
 
         async def write_episodes(events) -> None:
             episodes, samples, dead = episode_records(event.message for event in events)
-            await asyncio.gather(*await dead_letter(dead))
-            for sink, seen, records in (
-                (episodes_sink, episodes_seen, episodes),
-                (samples_sink, samples_seen, samples),
-            ):
-                fresh = await asyncio.to_thread(sink.not_yet_written, records)
-                await _commit(sink, await asyncio.to_thread(seen.fresh, fresh))
-                seen.written()
+            fresh_episodes = await asyncio.to_thread(episode_ids.fresh, episodes)
+            await asyncio.gather(*await dead_letter(dead_among(dead, fresh_episodes)))
+            await _commit(episode_ids.sink, fresh_episodes)
+            episode_ids.written()
+            await _commit(sample_ids.sink, await asyncio.to_thread(sample_ids.fresh, samples))
+            sample_ids.written()
             metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events) - len(dead))
 
@@ -120,7 +119,7 @@ def build_app(settings: Settings) -> faust.App:
 
 
 async def _commit(sink: DeltaSink, fresh: list[Record]) -> None:
-    """Append records that `not_yet_written` already let through."""
+    """Append records that `RecentIds.fresh` already let through."""
     if not fresh:
         return
     started = time.perf_counter()
@@ -143,6 +142,8 @@ def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel
     settings.tables_dir.mkdir(parents=True, exist_ok=True)
     serve_metrics("flywheel-processors", settings.metrics_host, metrics_port)
     LagExporter(settings).start()  # consumer lag from Delta offsets, kafka_exporter's names
+    if settings.maintenance_interval_s > 0:  # its own thread, never a sink's: compaction does not block a commit
+        maintenance.start_background(settings, settings.maintenance_interval_s)
     app = build_app(settings)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     # faust's terminal spinner sets the root logger to DEBUG so that every record moves it: each debug

@@ -52,6 +52,12 @@ def write_manifest(event: ModelVersionEvent, artifacts_dir: Path, extra: dict | 
     return path
 
 
+def read_manifests(artifacts_dir: Path) -> list[dict]:
+    """Every version's manifest in the store, oldest first (by produced_at)."""
+    found = [json.loads(path.read_text()) for path in (artifacts_dir / "manifests").glob("*.json")]
+    return sorted(found, key=lambda manifest: manifest["produced_at"])
+
+
 def fetch_verified(uri: str, sha256: str) -> Path:
     """Local path of the artifact at `uri` after checking its digest; ModelRejected otherwise."""
     parsed = urlparse(uri)
@@ -80,13 +86,13 @@ def resolve_model(path_or_version: str, artifacts_dir: Path) -> tuple[Path, str]
         return fetch_verified(artifact.as_uri(), manifest["sha256"]), manifest["version"]
     manifests = artifacts_dir / "manifests"
     if path_or_version == "latest":
-        found = sorted(manifests.glob("*.json"), key=lambda p: json.loads(p.read_text())["produced_at"])
+        found = read_manifests(artifacts_dir)
         if not found:
             raise FileNotFoundError(f"no model versions under {manifests}")
-        manifest_path = found[-1]
+        manifest = found[-1]
     else:
         manifest_path = manifests / f"{path_or_version}.json"
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{path_or_version!r} is neither a model file nor a version in {manifests}")
-    manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(manifest_path.read_text())
     return fetch_verified(manifest["artifact_uri"], manifest["sha256"]), manifest["version"]

@@ -4,7 +4,9 @@ Every event is a frozen msgspec Struct carrying `kind` and `schema_version`. On 
 MessagePack. Decoding is strict: a wrong type or a missing field raises EventDecodeError whose
 message names the field (msgspec reports the JSON path, e.g. "at `$.action.x`"). Older schema
 versions are upcast on read by the functions in UPCASTERS; versions newer than this code knows
-are refused rather than guessed at.
+are refused rather than guessed at. Whatever the bytes, `decode_event` returns an event or raises
+EventDecodeError, never anything else: a consumer dead-letters what it cannot read and goes on.
+Numbers are bounded to what their Delta columns hold, so a decoded event always becomes rows.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+# Bounds of the numbers that land in Delta columns (lake.tables): a value outside them is an invalid field,
+# dead-lettered, rather than a row that Arrow refuses and a batch that can never be written.
+MAX_EPISODE_STEPS = 10_000  # far above any step budget; bounds the training_samples rows of one episode
+UnixTime = Annotated[float, msgspec.Meta(ge=0.0, le=253_402_300_799.0)]  # up to 9999-12-31: a partition date
+StepIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_EPISODE_STEPS)]
+StepCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPISODE_STEPS)]
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), lt=2**31)]
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 ActionType = Literal["click", "type", "key", "scroll", "noop"]
 
@@ -53,9 +64,9 @@ class Verify(msgspec.Struct, frozen=True):
 class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     event_id: str
     client_id: str
-    produced_at: float  # unix seconds, set by the producer
+    produced_at: UnixTime  # unix seconds, set by the producer
     episode_id: str
-    step: int
+    step: StepIndex
     task: str
     instruction: str
     screenshot: bytes  # PNG of the screen the action was chosen on
@@ -68,22 +79,22 @@ class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     behaviour_logprob: float | None = None
     inference_ms: float = 0.0
     env_ms: float = 0.0
-    visual_tokens_total: int = 0
-    visual_tokens_kept: int = 0
+    visual_tokens_total: Int32 = 0
+    visual_tokens_kept: Int32 = 0
     screenshot_ref: str = ""  # content address when the PNG lives in the blob store instead
     termination: Termination | None = None  # set on the final step (done) only
-    seed: int | None = None  # the env seed of the episode; None when unknown (v1 ids that do not parse)
+    seed: Int64 | None = None  # the env seed of the episode; None when unknown (v1 ids that do not parse)
     schema_version: int = 2
 
 
 class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode"):
-    event_id: str
+    event_id: str  # minted by the scorer: a re-emission of the episode after a crash has another one
     client_id: str
-    produced_at: float
-    episode_id: str
+    produced_at: UnixTime  # its final step's produced_at, so every emission of the episode carries the same
+    episode_id: str  # the episode's identity: one row per episode_id in Delta `episodes`
     task: str
-    seed: int | None
-    steps: int
+    seed: Int64 | None
+    steps: StepCount
     raw_reward: float
     binary_reward: float  # +1 success, -1 otherwise
     success: bool
@@ -214,13 +225,11 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(payload: bytes, expect: type | None = None) -> Event:
-    """Strictly decode one event; raise EventDecodeError naming what is wrong."""
-    try:
-        header = _header_decoder.decode(payload)
-    except msgspec.ValidationError as exc:  # a subclass of DecodeError: test it first
-        raise EventDecodeError("invalid_header", str(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError("undecodable", str(exc)) from exc
+    """Strictly decode one event; raise EventDecodeError naming what is wrong, and nothing else, whatever the
+    bytes (a body that is not MessagePack behind a readable header included): no input stops a consumer."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise EventDecodeError("undecodable", f"expected bytes, got {type(payload).__name__} (a record without value?)")
+    header = _decode(_header_decoder.decode, payload, "invalid_header")
     if header.kind not in _TYPES:
         raise EventDecodeError("unknown_kind", f"kind {header.kind!r} is not one of {sorted(_TYPES)}")
     cls = _TYPES[header.kind]
@@ -232,16 +241,34 @@ def decode_event(payload: bytes, expect: type | None = None) -> Event:
             "unknown_schema_version",
             f"{header.kind} schema_version {header.schema_version} (this reader knows 1..{current})",
         )
+    if header.schema_version == current:
+        return _decode(_decoders[header.kind].decode, payload, "invalid_field")
+    return _upcast(_decode(msgspec.msgpack.decode, payload, "invalid_field"), header.kind, header.schema_version)
+
+
+def _decode(decode: Callable[[Any], Any], data: Any, invalid: str) -> Any:
+    """`decode(data)` with every msgspec error as EventDecodeError: `invalid` for a wrong or missing field,
+    "undecodable" for what is not MessagePack (a truncated body, invalid UTF-8 in a string, nesting too deep)."""
     try:
-        if header.schema_version == current:
-            return _decoders[header.kind].decode(payload)
-        raw = msgspec.msgpack.decode(payload)
-        for version in range(header.schema_version, current):
-            raw = UPCASTERS[(header.kind, version)](raw)
-        raw["schema_version"] = current
-        return msgspec.convert(raw, cls)
-    except msgspec.ValidationError as exc:
-        raise EventDecodeError("invalid_field", str(exc)) from exc
+        return decode(data)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: test it first
+        raise EventDecodeError(invalid, str(exc)) from exc
+    except msgspec.MsgspecError as exc:
+        raise EventDecodeError("undecodable", str(exc)) from exc
+    except RecursionError as exc:  # msgspec refuses nesting deeper than the interpreter's recursion limit
+        raise EventDecodeError("undecodable", "nested too deeply") from exc
+
+
+def _upcast(raw: Any, kind: str, version: int) -> Event:
+    """The decoded dict of an older version, upcast to the current one and validated."""
+    current = CURRENT_VERSION[kind]
+    try:
+        for step in range(version, current):
+            raw = UPCASTERS[(kind, step)](raw)
+        raw = {**raw, "schema_version": current}
+    except Exception as exc:  # an upcaster met a payload it did not foresee: the payload is what is wrong
+        raise EventDecodeError("invalid_field", f"{kind} v{version} could not be upcast: {exc!r}") from exc
+    return _decode(lambda fields: msgspec.convert(fields, _TYPES[kind]), raw, "invalid_field")
 
 
 def new_event_id() -> str:

@@ -1,8 +1,15 @@
-"""A real Apache Kafka broker (KRaft, one combined broker+controller node on 127.0.0.1), run from Maven Central jars.
+"""A real Apache Kafka cluster on 127.0.0.1 (KRaft: `settings.kafka_nodes` combined broker+controller nodes, one by
+default), run from Maven Central jars. The same code serves one node or three; only the settings differ.
 
-Everything lives under `settings.kafka_dir`: `libs-<version>/` (the jars), `server.properties`, `data/`,
-`broker.log` (the JVM's stdout/stderr) and `broker.pid`. The broker outlives the Python process that started
-it; `down` stops it again.
+Under `settings.kafka_dir`: `libs-<version>/` (the jars) and the cluster's directory, `kafka_dir` itself for one
+node (so a single broker keeps the layout it always had) and `kafka_dir/cluster-<N>/` for N, holding `cluster.id`
+and each node's `server.properties`, `data/`, `broker.log` (the JVM's stdout/stderr) and `broker.pid` (node k of N
+in `node-<k>/`). Nodes outlive the Python process that started them; `down` stops them again.
+
+Cluster: node k (ids 1..N) serves clients on kafka_port + 2(k-1) and the quorum on the port after; the quorum is
+static (every node a voter, all formatted with one cluster id). Topics get min(3, N) replicas and, with 3,
+min.insync.replicas 2: an acks=all write is acknowledged once it is on two nodes, so any one node may die without
+losing it or stopping producers. `stop_node`, `start_node` and `partitions` are the handles of the fault tests.
 
 Security: the client listener binds `settings.listen_host` (127.0.0.1 by default), the controller listener always
 127.0.0.1. With `security_protocol=SASL_PLAINTEXT` the client listener requires SASL (SCRAM-SHA-256/512, or PLAIN):
@@ -23,11 +30,14 @@ import struct
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kafka import KafkaAdminClient
+from kafka.errors import KafkaConnectionError
 from pydantic import SecretStr
 
 from core.settings import Settings
@@ -40,10 +50,18 @@ LOG4J2_CONFIG = OPS_DIR / "log4j2.properties"
 TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code: another client created the topic first
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SCRAM_ITERATIONS = 8192
+T = TypeVar("T")
 
 
 class BrokerError(RuntimeError):
     """The local broker could not be fetched, formatted, started or stopped."""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    leader: int  # node id; -1 while the partition has none
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]  # the in-sync replicas: those an acks=all write waits for
 
 
 # --- jars -------------------------------------------------------------------------------------------------------
@@ -94,57 +112,97 @@ def _copy_dependencies(version: str, libs: Path) -> None:
 # --- start / stop -----------------------------------------------------------------------------------------------
 
 
-def up(settings: Settings, timeout: float = 90.0) -> int:
-    """Start the local broker unless it already runs, wait until it serves requests, create missing topics.
+def up(settings: Settings, timeout: float = 90.0) -> dict[int, int]:
+    """Start every node of the local cluster that is not running, wait until all serve requests, create missing
+    topics. Returns node id -> pid.
 
-    Returns the broker's pid. Raises BrokerError, with the tail of the broker log, if it dies or is not ready
-    within `timeout` seconds (it is then stopped, so nothing half-started is left behind).
+    Raises BrokerError, with the tail of the node's log, if a node dies or is not ready within `timeout` seconds
+    (the nodes started here are then stopped, so nothing half-started is left behind).
     """
-    pid = _running_pid(settings)
-    if pid is None:
-        _refuse_unsupported_security(settings)
-        _refuse_busy_ports(settings)
-        pid = _start(settings)
-    _await_ready(settings, pid, timeout)  # at once when it already runs
+    pids = _start_nodes(settings, settings.kafka_node_ids, timeout)
     ensure_topics(settings)
-    return pid
+    return pids
 
 
-def _start(settings: Settings) -> int:
-    libs = ensure_jars(settings)
-    props = _write_server_properties(settings)
-    if not (settings.kafka_dir / "data" / "meta.properties").exists():
-        _format_storage(settings, libs, props)
+def start_node(settings: Settings, node: int, timeout: float = 90.0) -> int:
+    """Start one node (id 1..kafka_nodes) unless it runs, e.g. after `stop_node`; wait until it serves. Its pid."""
+    return _start_nodes(settings, [node], timeout)[node]
+
+
+def _start_nodes(settings: Settings, nodes: Sequence[int], timeout: float) -> dict[int, int]:
+    pids = {node: _running_pid(settings, node) for node in nodes}
+    stopped = [node for node, pid in pids.items() if pid is None]
+    if stopped:
+        _refuse_unsupported_security(settings)
+        _refuse_busy_ports(settings, stopped)
+        libs = ensure_jars(settings)
+        pids |= {node: _start(settings, libs, node) for node in stopped}  # all at once: a quorum needs a majority
+    _await_ready(settings, pids, stopped, timeout)  # at once when they already run
+    return pids
+
+
+def _start(settings: Settings, libs: Path, node: int) -> int:
+    props = _write_server_properties(settings, node)
+    if not (_node_dir(settings, node) / "data" / "meta.properties").exists():
+        _format_storage(settings, libs, props, node)
     elif settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS:
         _refuse_unknown_scram_user(settings)
-    pid = _spawn_detached(_java(settings, libs) + ["kafka.Kafka", str(props)], _log_path(settings))
-    _pid_path(settings).write_text(f"{pid}\n")
+    pid = _spawn_detached(_java(settings, libs) + ["kafka.Kafka", str(props)], _log_path(settings, node))
+    _pid_path(settings, node).write_text(f"{pid}\n")
     return pid
 
 
-def down(settings: Settings, timeout: float = 30.0) -> None:
-    """Stop the local broker (SIGTERM, then SIGKILL after `timeout` seconds). Does nothing when it is not running."""
-    pid = _running_pid(settings)
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)  # Kafka's shutdown hook closes the logs cleanly: next start skips recovery
-        if not _wait_gone(settings, pid, timeout):
+def down(settings: Settings, timeout: float = 30.0) -> list[int]:
+    """Stop every running node (SIGTERM, then SIGKILL after `timeout` seconds); return the ids of those stopped.
+
+    All are signalled at once: a node's clean shutdown needs the controller quorum, which stopping them one by one
+    would take away from the last.
+    """
+    return _stop_nodes(settings, settings.kafka_node_ids, signal.SIGTERM, timeout)
+
+
+def stop_node(settings: Settings, node: int, sig: int = signal.SIGTERM, timeout: float = 30.0) -> bool:
+    """Signal one node (SIGKILL: a crash; SIGTERM: a clean shutdown, leaderships handed over first) and wait until
+    it is gone, SIGKILLed after `timeout` seconds. False when it was not running."""
+    return bool(_stop_nodes(settings, [node], sig, timeout))
+
+
+def _stop_nodes(settings: Settings, nodes: Sequence[int], sig: int, timeout: float) -> list[int]:
+    pids = {node: pid for node in nodes if (pid := _running_pid(settings, node)) is not None}
+    for pid in pids.values():
+        os.kill(pid, sig)  # SIGTERM: Kafka's shutdown hook closes the logs cleanly, so the next start skips recovery
+    deadline = time.monotonic() + timeout
+    for node, pid in pids.items():
+        if not _wait_gone(settings, node, pid, deadline - time.monotonic()):
             os.kill(pid, signal.SIGKILL)
-            _wait_gone(settings, pid, 10.0)
-    _pid_path(settings).unlink(missing_ok=True)
+            _wait_gone(settings, node, pid, 10.0)
+    for node in nodes:
+        _pid_path(settings, node).unlink(missing_ok=True)
+    return list(pids)
+
+
+def node_pids(settings: Settings) -> dict[int, int | None]:
+    """Node id -> pid of each node of the local cluster, None for those not running."""
+    return {node: _running_pid(settings, node) for node in settings.kafka_node_ids}
 
 
 def status(settings: Settings) -> dict:
-    """Describe the broker: running, pid (local broker only), bootstrap, topics (None when unreachable)."""
-    pid = None if settings.uses_external_kafka else _running_pid(settings)
+    """Describe the broker: running, pid (of the first running local node), bootstrap, topics (None when
+    unreachable), and per local node its address and pid (no nodes for an external cluster)."""
+    pids = {} if settings.uses_external_kafka else node_pids(settings)
     topics = None
     if any(_answers_api_versions(server) for server in settings.bootstrap.split(",")):
         with _admin(settings) as admin:
-            topics = sorted(admin.list_topics())
+            topics = sorted(_on_any_node(admin.list_topics))
+    running = [pid for pid in pids.values() if pid is not None]
     return {
-        "running": pid is not None or topics is not None,
-        "pid": pid,
+        "running": bool(running) or topics is not None,
+        "pid": running[0] if running else None,
         "bootstrap": settings.bootstrap,
         "topics": topics,
+        "nodes": [
+            {"node": node, "address": settings.local_node_address(node), "pid": pid} for node, pid in pids.items()
+        ],
     }
 
 
@@ -155,7 +213,7 @@ def running_broker(settings: Settings) -> Iterator[Settings]:
         ensure_topics(settings)
         yield settings
         return
-    started_here = _running_pid(settings) is None
+    started_here = not any(node_pids(settings).values())
     up(settings)
     try:
         yield settings
@@ -171,7 +229,7 @@ def ensure_topics(settings: Settings) -> list[str]:
     """Create every flywheel topic that is missing (on `settings.bootstrap`) and return the names created."""
     specs = topics_for(settings).all()
     with _admin(settings) as admin:
-        existing = set(admin.list_topics())
+        existing = set(_on_any_node(admin.list_topics))
         missing = [spec for spec in specs if spec.name not in existing]
         if missing:
             # replication_factor -1: the cluster's default.replication.factor, so external clusters get theirs.
@@ -187,6 +245,27 @@ def ensure_topics(settings: Settings) -> list[str]:
     return [spec.name for spec in missing]
 
 
+def partitions(settings: Settings, topic: str) -> dict[int, PartitionState]:
+    """Partition -> its leader, replicas and in-sync replicas, as the cluster's metadata has them now."""
+    with _admin(settings) as admin:
+        (described,) = _on_any_node(lambda: admin.describe_topics([topic]))
+    return {
+        p["partition_index"]: PartitionState(p["leader_id"], tuple(p["replica_nodes"]), tuple(p["isr_nodes"]))
+        for p in described["partitions"]
+    }
+
+
+def _on_any_node(call: Callable[[], T], attempts: int = 5) -> T:
+    """call(), again on a connection error. A metadata request goes to any one node, perhaps a cluster's dead one;
+    the node that just refused is in reconnect backoff, so the next try goes to another."""
+    for _ in range(attempts - 1):
+        try:
+            return call()
+        except KafkaConnectionError:
+            pass
+    return call()
+
+
 @contextmanager
 def _admin(settings: Settings) -> Iterator[KafkaAdminClient]:
     admin = make_admin(settings, "flywheel-broker-ctl", bootstrap_timeout_ms=10_000, request_timeout_ms=30_000)
@@ -199,33 +278,40 @@ def _admin(settings: Settings) -> Iterator[KafkaAdminClient]:
 # --- broker configuration ---------------------------------------------------------------------------------------
 
 
-def _server_properties(settings: Settings) -> dict[str, str | int]:
-    port = settings.kafka_port
+def _server_properties(settings: Settings, node: int) -> dict[str, str | int]:
+    port = settings.kafka_node_port(node)
     client = "SASL_PLAINTEXT" if settings.uses_sasl else "PLAINTEXT"  # listener name = its security protocol
     bind = _url_host(settings.listen_host)
     advertised = bind if settings.listen_host not in ("", "0.0.0.0", "::") else _url_host(socket.getfqdn())
+    replicas, min_isr = settings.replication_factor, settings.min_insync_replicas
     return {
         "process.roles": "broker,controller",
-        "node.id": 1,
-        # Static quorum: storage is formatted without --standalone and the port may change between starts.
-        "controller.quorum.voters": f"1@127.0.0.1:{port + 1}",
-        # The controller listener is for this node alone: plaintext, but on loopback whatever listen_host says.
+        "node.id": node,
+        # Static quorum, every node a voter: storage is formatted without --standalone and ports may change
+        # between starts.
+        "controller.quorum.voters": ",".join(
+            f"{voter}@127.0.0.1:{settings.kafka_node_port(voter) + 1}" for voter in settings.kafka_node_ids
+        ),
+        # The controller listener is for the quorum alone: plaintext, but on loopback whatever listen_host says.
         "listeners": f"{client}://{bind}:{port},CONTROLLER://127.0.0.1:{port + 1}",
         "advertised.listeners": f"{client}://{advertised}:{port}",
         "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": client,
         "controller.listener.names": "CONTROLLER",
         **(_sasl_properties(settings, client) if settings.uses_sasl else {}),
-        "log.dirs": str(settings.kafka_dir / "data"),
-        # One node: internal topics cannot have more than one replica. Their default 50 partitions each only
-        # cost startup time and file handles here.
-        "offsets.topic.replication.factor": 1,
+        "log.dirs": str(_node_dir(settings, node) / "data"),
+        # Topics created with replication factor -1 (streams.topics via ensure_topics, faust's) get this one.
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        # Internal topics as replicated as ours: consumer offsets must survive a node, as the events do. Their
+        # default 50 partitions each only cost startup time and file handles here.
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": 4,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": 4,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
         "share.coordinator.state.topic.num.partitions": 4,
         "group.initial.rebalance.delay.ms": 0,
         "auto.create.topics.enable": "false",  # topics come from streams.topics only; typos must fail loudly
@@ -262,11 +348,11 @@ def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
     }
 
 
-def _write_server_properties(settings: Settings) -> Path:
+def _write_server_properties(settings: Settings, node: int) -> Path:
     # Rewritten on every start so changed settings (port, paths) take effect; the data dir keeps the state.
-    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.kafka_dir / "server.properties"
-    lines = [f"{key}={_properties_escape(str(value))}" for key, value in _server_properties(settings).items()]
+    path = _props_path(settings, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"{key}={_properties_escape(str(value))}" for key, value in _server_properties(settings, node).items()]
     text = "# Written by streams/broker.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n"
     # 0600: with SASL the file holds the broker's login. fchmod too, for a file left by an older version.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -276,13 +362,14 @@ def _write_server_properties(settings: Settings) -> Path:
     return path
 
 
-def _format_storage(settings: Settings, libs: Path, props: Path) -> None:
-    cmd = _java(settings, libs) + ["kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)]
+def _format_storage(settings: Settings, libs: Path, props: Path, node: int) -> None:
+    cluster_id = _cluster_id(settings)
+    cmd = _java(settings, libs) + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
     scram = settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS
     if scram:
         for mechanism in SCRAM_MECHANISMS:  # both, so clients may pick either
             cmd += ["--add-scram", _scram_credential(mechanism, settings.sasl_username, settings.sasl_password)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=settings.kafka_dir)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=_node_dir(settings, node))
     if done.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed:\n{_tail(done.stdout + done.stderr)}")
     if scram:
@@ -311,7 +398,7 @@ def _refuse_unknown_scram_user(settings: Settings) -> None:
     users = path.read_text().split() if path.exists() else []
     if settings.sasl_username not in users:
         raise BrokerError(
-            f"the broker storage in {settings.kafka_dir / 'data'} was formatted without SCRAM user "
+            f"the broker storage in {_cluster_dir(settings)} was formatted without SCRAM user "
             f"{settings.sasl_username!r}; remove that directory (its topics are lost) to format it again with SCRAM"
         )
 
@@ -355,7 +442,16 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _cluster_id() -> str:
+def _cluster_id(settings: Settings) -> str:
+    """The cluster's id, made on the first format: every node's storage must carry the same one."""
+    path = _cluster_dir(settings) / "cluster.id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_new_cluster_id() + "\n")
+    return path.read_text().strip()
+
+
+def _new_cluster_id() -> str:
     # Kafka's Uuid text form (what `kafka-storage random-uuid` prints): 16 random bytes, url-safe base64, no
     # padding; Kafka itself never hands out ids starting with '-' (they read as command-line flags).
     while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
@@ -404,31 +500,36 @@ def _spawn_detached(cmd: list[str], log_path: Path) -> int:
     return os.posix_spawn(cmd[0], cmd, os.environ, file_actions=files, setsid=True)
 
 
-def _await_ready(settings: Settings, pid: int, timeout: float) -> None:
+def _await_ready(settings: Settings, pids: dict[int, int], started: list[int], timeout: float) -> None:
+    """Wait until every node in `pids` answers; if one dies or the time is up, stop those in `started` and raise."""
     deadline = time.monotonic() + timeout
-    while not _answers_api_versions(settings.local_bootstrap):
-        if not _is_broker(settings, pid):
-            _pid_path(settings).unlink(missing_ok=True)
+    waiting = dict(pids)
+    while waiting:
+        waiting = {n: pid for n, pid in waiting.items() if not _answers_api_versions(settings.local_node_address(n))}
+        dead = [n for n, pid in waiting.items() if not _is_broker(settings, n, pid)]
+        if dead or (waiting and time.monotonic() > deadline):
+            node = (dead or list(waiting))[0]
+            problem = "exited during startup" if dead else f"was not ready after {timeout:.0f}s"
+            log_tail = _tail(_read_log(settings, node))
+            _stop_nodes(settings, started, signal.SIGTERM, 30.0)
             raise BrokerError(
-                f"Kafka broker exited during startup; {_log_path(settings)} ends with:\n{_tail(_read_log(settings))}"
+                f"Kafka node {node} {problem} (the nodes started were stopped); "
+                f"{_log_path(settings, node)} ends with:\n{log_tail}"
             )
-        if time.monotonic() > deadline:
-            log_tail = _tail(_read_log(settings))
-            down(settings)
-            raise BrokerError(f"Kafka broker not ready after {timeout:.0f}s (stopped it); log ends with:\n{log_tail}")
-        time.sleep(0.25)
+        if waiting:
+            time.sleep(0.25)
 
 
-def _running_pid(settings: Settings) -> int | None:
+def _running_pid(settings: Settings, node: int) -> int | None:
     try:
-        pid = int(_pid_path(settings).read_text().strip())
+        pid = int(_pid_path(settings, node).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    return pid if _is_broker(settings, pid) else None
+    return pid if _is_broker(settings, node, pid) else None
 
 
-def _is_broker(settings: Settings, pid: int) -> bool:
-    """True while pid runs this home's broker; a reused pid or a dead, unreaped broker does not count."""
+def _is_broker(settings: Settings, node: int, pid: int) -> bool:
+    """True while pid runs this home's node; a reused pid or a dead, unreaped node does not count."""
     try:
         # Our own child (up() ran in this process): waitpid is authoritative, and reaps the broker once it exits.
         # /proc is not, right after the spawn: the new program's cmdline shows up only part-way through exec.
@@ -441,25 +542,27 @@ def _is_broker(settings: Settings, pid: int) -> bool:
     except (OSError, IndexError):
         return False
     # An orphaned broker that died stays a zombie until PID 1 reaps it, which some container inits never do.
-    props = str(settings.kafka_dir / "server.properties").encode()
+    props = str(_props_path(settings, node)).encode()
     return state != "Z" and b"kafka.Kafka" in cmdline and props in cmdline
 
 
-def _wait_gone(settings: Settings, pid: int, timeout: float) -> bool:
+def _wait_gone(settings: Settings, node: int, pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _is_broker(settings, pid):
+    while _is_broker(settings, node, pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
 
 
-def _refuse_busy_ports(settings: Settings) -> None:
-    client_host = settings.local_bootstrap.rpartition(":")[0].strip("[]")
-    for host, port in ((client_host, settings.kafka_port), ("127.0.0.1", settings.kafka_port + 1)):
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            if sock.connect_ex((host, port)) == 0:
-                raise BrokerError(f"port {port} is already in use by another process; set FLYWHEEL_KAFKA_PORT")
+def _refuse_busy_ports(settings: Settings, nodes: list[int]) -> None:
+    client_host = settings.local_node_address(1).rpartition(":")[0].strip("[]")
+    for node in nodes:
+        port = settings.kafka_node_port(node)
+        for host, busy in ((client_host, port), ("127.0.0.1", port + 1)):
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+                if sock.connect_ex((host, busy)) == 0:
+                    raise BrokerError(f"port {busy} is already in use by another process; set FLYWHEEL_KAFKA_PORT")
 
 
 def _answers_api_versions(server: str, timeout: float = 2.0) -> bool:
@@ -488,21 +591,33 @@ def _answers_api_versions(server: str, timeout: float = 2.0) -> bool:
 # --- files ------------------------------------------------------------------------------------------------------
 
 
-def _pid_path(settings: Settings) -> Path:
-    return settings.kafka_dir / "broker.pid"
+def _cluster_dir(settings: Settings) -> Path:
+    return settings.kafka_dir if settings.kafka_nodes == 1 else settings.kafka_dir / f"cluster-{settings.kafka_nodes}"
+
+
+def _node_dir(settings: Settings, node: int) -> Path:
+    return _cluster_dir(settings) if settings.kafka_nodes == 1 else _cluster_dir(settings) / f"node-{node}"
+
+
+def _props_path(settings: Settings, node: int) -> Path:
+    return _node_dir(settings, node) / "server.properties"
+
+
+def _pid_path(settings: Settings, node: int) -> Path:
+    return _node_dir(settings, node) / "broker.pid"
 
 
 def _scram_users_path(settings: Settings) -> Path:
-    return settings.kafka_dir / "scram-users"  # names only: which SCRAM users the storage was formatted with
+    return _cluster_dir(settings) / "scram-users"  # names only: which SCRAM users the storage was formatted with
 
 
-def _log_path(settings: Settings) -> Path:
-    return settings.kafka_dir / "broker.log"
+def _log_path(settings: Settings, node: int) -> Path:
+    return _node_dir(settings, node) / "broker.log"
 
 
-def _read_log(settings: Settings) -> str:
+def _read_log(settings: Settings, node: int) -> str:
     try:
-        return _log_path(settings).read_text(errors="replace")
+        return _log_path(settings, node).read_text(errors="replace")
     except FileNotFoundError:
         return "(no broker log)"
 

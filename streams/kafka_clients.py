@@ -85,7 +85,7 @@ def make_producer(settings: Settings, client_id: str) -> KafkaProducer:
         linger_ms=5,
         max_request_size=MAX_REQUEST_BYTES,
         retries=2**31 - 1,
-        delivery_timeout_ms=600_000,  # a broker restart or a short outage is retried, idempotently
+        delivery_timeout_ms=600_000,  # a broker restart, a leader change or a short outage is retried, idempotently
         reconnect_backoff_max_ms=5_000,  # notice a returning broker within seconds
         **security_options(settings),
     )

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Kafka broker per test session, isolated from any flywheel already on the machine."""
+"""Shared fixtures: one real Kafka broker per test session (and a 3-node cluster for the modules that ask for one),
+isolated from any flywheel already on the machine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,7 @@ def isolated_broker_settings(home: Path, prefix: str, **overrides) -> Settings:
     settings = Settings(
         home=home,
         data_dir=home / "data",
-        kafka_port=_free_port_pair(),
+        kafka_port=_free_ports(2 * overrides.get("kafka_nodes", 1)),  # each node: client and controller port
         topic_prefix=f"{prefix}-{uuid.uuid4().hex[:8]}",
         bootstrap_servers="",
         **overrides,
@@ -60,7 +62,31 @@ def kafka_settings(kafka_stack: LocalStack) -> Settings:
 def stack(kafka_settings: Settings, tmp_path: Path) -> Iterator[LocalStack]:
     """A run of this test alone on the session broker: own topics, own tables under tmp_path/data, logs under
     tmp_path/logs. No worker until the test starts one (stack.start_worker()); all its children stop after it."""
-    with local_stack(kafka_settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as run:
+    with _test_run(kafka_settings, tmp_path) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A 3-node cluster (replication 3, min ISR 2) for the module that asks for it: own home and ports, no worker.
+
+    Module-scoped, so the rest of the suite keeps its one fast single-node broker and pays for no idle JVMs.
+    """
+    settings = isolated_broker_settings(tmp_path_factory.mktemp("flywheel-cluster"), "cluster", kafka_nodes=3)
+    with local_stack(settings, settings.home / "logs", worker=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_stack(kafka_cluster: LocalStack, tmp_path: Path) -> Iterator[LocalStack]:
+    """What `stack` is, on the 3-node cluster. Nodes the test stops are started again after it."""
+    with _test_run(kafka_cluster.settings, tmp_path) as run:
+        yield run
+
+
+@contextmanager
+def _test_run(settings: Settings, tmp_path: Path) -> Iterator[LocalStack]:
+    with local_stack(settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as run:
         yield run
 
 
@@ -88,13 +114,13 @@ def _link_shared_jars(settings: Settings) -> None:
     (settings.kafka_dir / libs.name).symlink_to(libs, target_is_directory=True)
 
 
-def _free_port_pair() -> int:
-    """A port p such that p and p + 1 are both free: the broker's client and controller listeners."""
+def _free_ports(count: int) -> int:
+    """A port p such that p .. p + count - 1 are all free: the nodes' client and controller listeners."""
     for _ in range(50):
         port = _bind_probe(0)
-        if port < 65535 and _bind_probe(port + 1):
+        if port + count <= 65536 and all(_bind_probe(port + i) for i in range(1, count)):
             return port
-    raise RuntimeError("no two adjacent free ports found on 127.0.0.1")
+    raise RuntimeError(f"no {count} adjacent free ports found on 127.0.0.1")
 
 
 def _bind_probe(port: int) -> int:

@@ -20,7 +20,7 @@ def test_broker_answers_and_up_is_idempotent(kafka_settings: Settings) -> None:
     state = broker.status(kafka_settings)
     assert state["running"] and state["pid"]
     assert state["bootstrap"] == kafka_settings.local_bootstrap
-    assert broker.up(kafka_settings) == state["pid"]  # already running: no second JVM
+    assert broker.up(kafka_settings) == {1: state["pid"]}  # already running: no second JVM
 
 
 def test_topics_exist_with_their_partitions(kafka_settings: Settings) -> None:
@@ -73,11 +73,12 @@ def test_down_leaves_no_process_and_restart_keeps_topics(kafka_settings: Setting
         "pid": None,
         "bootstrap": kafka_settings.bootstrap,
         "topics": None,
+        "nodes": [{"node": 1, "address": kafka_settings.local_bootstrap, "pid": None}],
     }
     broker.down(kafka_settings)  # safe when not running
 
     # Restarted on the same data: storage is not formatted again and the cluster metadata survives.
-    assert broker.up(kafka_settings) != pid
+    assert broker.up(kafka_settings)[1] != pid
     assert probe in broker.status(kafka_settings)["topics"]
 
 

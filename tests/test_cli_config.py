@@ -124,6 +124,8 @@ FLAGS_IN_USE = {
     "learn": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
     "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
     "bench pipeline": "--events --rate --client-steps-per-s --out",
+    "bench maintenance": "--steps --commits --out",
+    "maintain": "--once --interval --json --min-retention-hours",
 }
 
 
@@ -148,14 +150,16 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
     from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
     from flywheel.cli import EvalConfig
     from flywheel.demo import DemoConfig
     from flywheel.demonstrations import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
+    from processors.maintenance import MaintenanceConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
-               VLATrainConfig)  # fmt: skip
+               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

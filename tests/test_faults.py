@@ -1,9 +1,12 @@
 """Faults a fleet meets, against the real broker and real Delta tables: the Kafka log stays the source of
-truth and every table holds each produced event exactly once (checked by event_id / episode_id).
+truth and every table holds each produced event exactly once (checked by event_id / episode_id / episode, step and
+purpose), even when the log holds an event twice, at two offsets (an edge client's re-send):
 
-* a faust worker killed with SIGKILL while it drains a backlog, then restarted;
+* a faust worker killed with SIGKILL while it drains a backlog, then restarted, and steps sent again after it;
+* the same steps sent twice, before and after a worker restart;
 * the broker restarted while a producer keeps sending and the worker keeps consuming;
-* two workers sharing 4 partitions, one killed with SIGKILL: the other takes over its partitions;
+* two workers sharing 4 partitions, one killed with SIGKILL: the other takes over its partitions, and the steps
+  the dead one wrote are sent again;
 * malformed events (undecodable bytes, unknown schema version, missing fields, oversize screenshot) go to the
   dead-letter topic with their original bytes and a reason, the stream goes on, `flywheel dlq` lists them.
 """
@@ -21,6 +24,7 @@ from collections import Counter
 import msgspec
 import pytest
 from deltalake import DeltaTable
+from kafka import TopicPartition
 
 from core.processes import Child, wait_until
 from flywheel.dlq import read_dead_letters
@@ -28,10 +32,11 @@ from flywheel.stack import LocalStack
 from lake.queries import step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from processors.compare import compare_tables
+from processors.delta_sink import app_id
 from processors.replay import replay
 from schemas import encode_event
 from streams import broker
-from streams.kafka_clients import make_admin, make_producer
+from streams.kafka_clients import make_admin, make_consumer, make_producer
 from streams.topics import topics_for
 from tests.factories import step_event
 
@@ -71,19 +76,58 @@ class Pipeline:
 
         return check
 
-    def assert_exactly_once(self, steps: list) -> None:
-        """steps, episodes and training_samples hold each produced event exactly once."""
+    def ends(self, topic: str) -> dict[int, int]:
+        """The end offset of each partition of `topic` now."""
+        consumer = make_consumer(self.settings, "test-faults-ends")
+        try:
+            ends = consumer.end_offsets([TopicPartition(topic, p) for p in range(self.settings.topic_partitions)])
+        finally:
+            consumer.close()
+        return {tp.partition: end for tp, end in ends.items()}
+
+    def sunk(self, table: str, topic: str, ends: dict[int, int]) -> bool:
+        """Whether the table's sink recorded in Delta every offset below `ends`, repeats and dead letters included."""
+        try:
+            delta = DeltaTable(table_uri(self.settings.tables_dir, table))
+        except Exception:  # not created yet
+            return not any(ends.values())
+        recorded = {p: delta.transaction_version(app_id(table, topic, p)) for p in ends}
+        return all(end == 0 or (recorded[p] or -1) >= end - 1 for p, end in ends.items())
+
+    def caught_up(self, workers: list[Child]):
+        """Predicate: every sink consumed every record the steps topic holds now (repeats included), and the episodes
+        they finished; fails at once when a worker died."""
+        topics = topics_for(self.settings)
+        step_ends = self.ends(topics.steps.name)
+
+        def check() -> bool:
+            for worker in workers:
+                assert worker.running(), f"{worker.name} died:\n{worker.tail()}"
+            if not self.sunk(STEPS, topics.steps.name, step_ends):
+                return False
+            # the worker sends the episodes a batch finishes before it commits the batch: they are in the log now
+            episode_ends = self.ends(topics.episodes.name)
+            return all(self.sunk(table, topics.episodes.name, episode_ends) for table in (EPISODES, TRAINING_SAMPLES))
+
+        return check
+
+    def assert_steps_and_episodes_once(self, steps: list) -> None:
+        """The steps and episodes tables hold each of `steps`, and each of their finished episodes, exactly once."""
         step_ids = self.column(STEPS, "event_id")
         assert len(step_ids) == len(set(step_ids)), f"duplicated steps: {_repeats(step_ids)}"
         assert set(step_ids) == {s.event_id for s in steps}, "lost or foreign steps"
         episode_ids = self.column(EPISODES, "episode_id")
         assert len(episode_ids) == len(set(episode_ids)), f"duplicated episodes: {_repeats(episode_ids)}"
         assert set(episode_ids) == {s.episode_id for s in steps if s.done}
-        samples = self.column(TRAINING_SAMPLES, "episode_id"), self.column(TRAINING_SAMPLES, "step")
+
+    def assert_exactly_once(self, steps: list) -> None:
+        """steps, episodes and training_samples hold each produced event exactly once."""
+        self.assert_steps_and_episodes_once(steps)
+        samples = [self.column(TRAINING_SAMPLES, name) for name in ("episode_id", "step", "purpose")]
         samples = list(zip(*samples, strict=True))
         assert len(samples) == len(set(samples)), f"duplicated samples: {_repeats(samples)}"
         # every test episode is an expert success: all its steps are demonstrations
-        assert set(samples) == {(s.episode_id, s.step) for s in steps}
+        assert set(samples) == {(s.episode_id, s.step, "demo") for s in steps}
         # and the tables are exactly the projection of the log: a replay rebuilds them row for row
         summary = replay(self.settings, self.tmp_path / "rebuilt")
         diffs = compare_tables(
@@ -162,6 +206,22 @@ def test_sigkill_mid_batch_then_restart_leaves_every_event_exactly_once(pipeline
 
     worker = pipeline.start_worker()
     wait_until(pipeline.landed([worker], len(steps), 1000), 120, what="every step and episode in Delta")
+    produce_now(pipeline.settings, steps[:300] + steps[-300:])  # sent again: written before the kill, and after it
+    wait_until(pipeline.caught_up([worker]), 120, what="the copies consumed")
+    pipeline.assert_exactly_once(steps)
+
+
+def test_a_step_sent_twice_lands_once_before_and_after_a_worker_restart(pipeline):
+    steps = episodes("t", 50)
+    produce_now(pipeline.settings, steps + steps[:30])  # the same bytes at other offsets, within one backlog
+    worker = pipeline.start_worker()
+    wait_until(pipeline.caught_up([worker]), 120, what="every step and its copy consumed")
+    produce_now(pipeline.settings, steps[30:60])  # a re-send a batch later
+    wait_until(pipeline.caught_up([worker]), 120, what="the second copies consumed")
+    worker.stop()
+    worker = pipeline.start_worker()  # a new process: what it knows of the table is loaded from Delta
+    produce_now(pipeline.settings, steps[::7])
+    wait_until(pipeline.caught_up([worker]), 120, what="the copies sent after the restart consumed")
     pipeline.assert_exactly_once(steps)
 
 
@@ -229,6 +289,8 @@ def test_two_workers_one_killed_the_other_takes_over(pipeline):
     steps = producer.result(120)
     assert len(steps) == 1500
     wait_until(pipeline.landed([survivor], len(steps), 500), 120, what="every step and episode in Delta")
+    produce_now(pipeline.settings, steps[:600])  # the victim wrote many of these on partitions the survivor took
+    wait_until(pipeline.caught_up([survivor]), 120, what="the copies consumed")
     pipeline.assert_exactly_once(steps)
 
 

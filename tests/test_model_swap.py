@@ -89,6 +89,18 @@ def test_rejections_say_why(tmp_path):
         trusted.verify(msgspec.structs.replace(signed, sha256="cd" * 32))
 
 
+def test_a_manifest_whose_uri_does_not_parse_is_refused_and_the_client_goes_on():
+    """A version that passes decoding but trips the fetch (urlparse's ValueError) is refused, not raised: the topic is
+    compacted and read from its start, so a raise would stop the client at every start."""
+
+    class Watcher:
+        def poll(self, timeout_ms: int = 0) -> ModelVersionEvent:
+            return ModelVersionEvent(new_event_id(), 1.0, "sft-0010", "", "sft", "file://[::1/m.vla", "ab" * 32)
+
+    swapper = ModelSwapper(Watcher(), lambda path, version: pytest.fail("nothing to load"), trusted_dir=None)
+    assert swapper.maybe_swap() is None and swapper.rejected == {"sft-0010"}
+
+
 def _poll_until(swapper: ModelSwapper, done, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

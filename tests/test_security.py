@@ -123,7 +123,7 @@ def test_the_password_is_in_no_log_and_not_in_the_settings_text(secure, caplog):
 
 @pytest.mark.kafka
 def test_the_broker_listens_on_loopback_only(secure):
-    pid = broker._running_pid(secure)
+    pid = broker.node_pids(secure)[1]
     assert pid is not None
     listening = _listening_sockets(pid)
     assert {port for _, port in listening} >= {secure.kafka_port, secure.kafka_port + 1}

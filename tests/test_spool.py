@@ -1,17 +1,28 @@
-"""The edge spool: order, bounds, restart, and a broker that is away for a minute."""
+"""The edge spool: order, bounds, restart, a broker that is away for a minute, and a client killed before its cursor
+write."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from kafka import TopicPartition
 
+from core.processes import wait_until
 from edge_client.spool import Spool, SpoolFull
+from lake.tables import STEPS
 from schemas import StepEvent, decode_event
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
+from tests.test_faults import Pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_spool_keeps_order_and_survives_a_restart(tmp_path):
@@ -82,3 +93,31 @@ def test_spool_repairs_a_stale_cursor_and_a_torn_record(tmp_path):
     reopened = Spool(tmp_path, max_bytes=1 << 20)
     reopened.append("t", b"k", b"next")
     assert [r.value for r in reopened.pending(10)] == [b"kept", b"next"]
+
+
+@pytest.mark.kafka
+def test_an_edge_client_killed_between_ack_and_cursor_write_sends_again_and_every_step_lands_once(stack, tmp_path):
+    """SIGKILLed after Kafka acknowledged its first batch, before the spool's cursor moved: restarted, the client
+    sends that batch again, so the log holds it twice; the tables hold every step once."""
+    pipeline = Pipeline(stack, tmp_path)
+    worker = pipeline.start_worker()
+    spool_dir, ids_file = tmp_path / "spool", tmp_path / "ids"
+
+    def client(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tests.spool_client", str(spool_dir), str(ids_file), *args]
+        env = {**os.environ, **stack.env}
+        return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    killed = client("300", "--die-after-ack")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    cursor = spool_dir / "cursor"
+    assert not cursor.exists() or cursor.read_text() == "0", "the kill should land before the cursor write"
+    restarted = client("90")
+    assert restarted.returncode == 0, restarted.stderr
+    spooled = ids_file.read_text().split()
+    assert len(spooled) == 390
+    assert sum(pipeline.ends(topics_for(stack.settings).steps.name).values()) > len(spooled), "a batch sent twice"
+
+    wait_until(pipeline.caught_up([worker]), 120, what="every step and its copy consumed")
+    landed = pipeline.column(STEPS, "event_id")
+    assert len(landed) == len(set(landed)) and set(landed) == set(spooled)
