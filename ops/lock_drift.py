@@ -18,7 +18,9 @@ def normalise(name: str) -> str:
 
 def locked(path: str) -> dict[str, str]:
     pins = {}
-    for line in open(path):
+    with open(path) as lock:
+        lines = lock.read().splitlines()
+    for line in lines:
         line = line.split("#", 1)[0].strip()
         if "==" in line:
             name, version = line.split("==", 1)

@@ -24,6 +24,7 @@ commit never does. Per table, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -126,7 +127,7 @@ class TableStats:
 @dataclass
 class TableReport:
     table: str
-    before: TableStats
+    before: TableStats | None  # None when the table could not even be opened (then `error` says why)
     after: TableStats | None = None
     kept_versions: list[int] = field(default_factory=list)  # needed versions whose files vacuum left
     files_compacted: int = 0  # small files merged
@@ -230,9 +231,10 @@ def vacuum(uri: str, keep: list[int], config: MaintenanceConfig) -> list[str]:
 
 def maintain_table(uri: str, needed: set[int], config: MaintenanceConfig) -> TableReport:
     """Compact, vacuum, checkpoint and clean up one table (module docstring), keeping every `needed` version."""
-    report = TableReport(Path(uri).name, table_stats(uri))
+    report = TableReport(Path(uri).name, None)
     name = report.table
     try:
+        report.before = table_stats(uri)
         report.configured = _retrying(lambda: configure(uri), config.attempts, f"{name}: configuration")
         if needs_compaction(partitioned_files(DeltaTable(uri)), config):
             target = int(config.target_file_mb * MB)
@@ -260,7 +262,8 @@ def maintain_table(uri: str, needed: set[int], config: MaintenanceConfig) -> Tab
     except Exception as error:  # noqa: BLE001 - one table's failure is reported; the sinks never see it
         log.warning("maintenance of %s failed: %r", name, error)
         report.error = repr(error)
-    report.after = table_stats(uri)
+    with contextlib.suppress(Exception):  # the error above is the report's; no stats is no news
+        report.after = table_stats(uri)
     return report
 
 
@@ -320,6 +323,9 @@ def format_report(report: MaintenanceReport) -> str:
               f"{'vacuumed':>8s} {'checkpoint':>10s}  kept versions")  # fmt: skip
     lines = [header, "-" * len(header)]
     for t in report.tables:
+        if t.before is None:
+            lines.append(f"{t.table:18s}  ERROR {t.error}")
+            continue
         b, a = t.before, t.after or t.before
         checkpoint = "" if t.checkpoint is None else t.checkpoint
         error = f"  ERROR {t.error}" if t.error else ""

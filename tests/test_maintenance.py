@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -29,6 +30,7 @@ from processors.maintenance import (
     MaintenanceConfig,
     cleanup_floor,
     commits_since_checkpoint,
+    format_report,
     maintain_tables,
     mergeable_small_files,
     needed_versions,
@@ -243,6 +245,19 @@ def test_appends_while_maintenance_runs_lose_and_duplicate_nothing(tmp_path):
     ids = column(uri, "event_id")
     assert len(ids) == len(set(ids)) == 120 * PARTITIONS
     assert offsets(uri) == [119, 119]
+
+
+def test_a_table_that_cannot_be_opened_is_reported_and_the_others_are_maintained(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    write_commits(settings, range(12))
+    broken = Path(table_uri(settings.tables_dir, EPISODES)) / "_delta_log"
+    broken.mkdir(parents=True)
+    (broken / "00000000000000000000.json").write_text("not a delta log")
+    report = maintain_tables(settings, MaintenanceConfig(min_retention_hours=0))
+    by_table = {t.table: t for t in report.tables}
+    assert not report.ok and by_table[EPISODES].before is None and by_table[EPISODES].error
+    assert by_table[STEPS].error == "" and by_table[STEPS].after.files < by_table[STEPS].before.files
+    assert EPISODES in format_report(report)
 
 
 def test_background_maintenance_runs_until_stopped(tmp_path):
