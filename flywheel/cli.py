@@ -160,6 +160,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from flywheel.experiment import ExperimentConfig, run_experiment
+
+    run_experiment(config_from(args, ExperimentConfig), get_settings())
+    return 0
+
+
 def cmd_canary(args: argparse.Namespace) -> int:
     from flywheel.canary import run_canary_controller
 
@@ -318,6 +325,13 @@ def _release(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_release)
 
 
+def _experiment(p: argparse.ArgumentParser) -> None:
+    from flywheel.experiment import ExperimentConfig
+
+    add_config_arguments(p, ExperimentConfig)
+    p.set_defaults(func=cmd_experiment)
+
+
 def _canary(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
     p.add_argument("--once", action="store_true", help="review once and exit")
@@ -385,6 +399,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "eval": ("success rate per task with the binary reward", _eval),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),
+    "experiment": ("arms trained on the same demonstrations, evaluated side by side (ablations, curves)", _experiment),
     "canary": ("promote or roll back the canary version by live success", _canary),
     "demo": ("run N turns of the whole flywheel and write DIR/report.json", _demo),
     "status": ("one screen: fleet, pipeline, learner, success by task and model version", _status),

@@ -36,21 +36,32 @@ def _collection(entry: dict, seed: int) -> dict:
     return fields
 
 
+def release_demonstrations(raw: dict, work: Path, settings: Settings) -> list[dict]:
+    """The collections a recipe's "demonstrations" list names, collected into work/demonstrations-i (or reused)."""
+    # Several collections (e.g. the whole suite, then more of Tier 1), each its own tables; seeds must not overlap.
+    seed = int(raw["seed"])
+    return [
+        collect_demonstrations(
+            DemonstrationsConfig(out=work / f"demonstrations-{i}", **_collection(entry, seed)), settings
+        )
+        for i, entry in enumerate(raw["demonstrations"])
+    ]
+
+
+def demonstration_steps(collections: list[dict]) -> pl.DataFrame:
+    """Every collection's demonstration steps, read from Delta at its recorded table versions."""
+    return pl.concat(
+        [load_samples(Path(c["tables_dir"]), ("demo",), c["table_versions"]) for c in collections], how="vertical"
+    )
+
+
 def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:
     recipe = VLARecipe.load(config_path)
     config = recipe.raw
     seed = int(config["seed"])
     started = time.monotonic()
-    # Several collections (e.g. the whole suite, then more of Tier 1), each its own tables; seeds must not overlap.
-    collections = [
-        collect_demonstrations(
-            DemonstrationsConfig(out=work / f"demonstrations-{i}", **_collection(entry, seed)), settings
-        )
-        for i, entry in enumerate(config["demonstrations"])
-    ]
-    frame = pl.concat(
-        [load_samples(Path(c["tables_dir"]), ("demo",), c["table_versions"]) for c in collections], how="vertical"
-    )
+    collections = release_demonstrations(config, work, settings)
+    frame = demonstration_steps(collections)
     say(f"training the VLA on {frame.height} demonstration steps from {len(collections)} collections")
     result = train_vla(
         frame, recipe.train, work / "train", model_config=recipe.model, pruning=recipe.pruning,

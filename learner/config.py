@@ -41,6 +41,12 @@ class VLATrainConfig:
     """Each batch uses one of these visual-token keep ratios (uniformly drawn)."""
     relevance_weight: float = 0.5
     """λ_rel: weight of the target-patch NLL that teaches the pruning relevance."""
+    augment_shift_px: int = 0
+    """Training views (learner.augment): largest random shift in pixels, each axis; 0: none."""
+    augment_scale: float = 0.0
+    """Training views: largest relative zoom about the centre (0.08: 92 %-108 %); 0: none."""
+    augment_colour: float = 0.0
+    """Training views: largest per-channel gain deviation and offset (as a fraction of 255); 0: none."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank on the decoder (base decoder frozen) instead of all its weights."""
     lora_alpha: float = 16.0

@@ -16,6 +16,20 @@ by rows. These replace the LM head's logits for the coordinate ids, so the model
 but learning to click is learning where to look. A patch's position embedding is the embedding of its
 centre's coordinate tokens (the same vectors the decoder reads back when it sees <x_b> <y_b>).
 
+Two encoders (VLAConfig.encoder):
+
+* "patch" (the first release): a 5x5 stride-5 conv over raw pixels, patchified to 10 px tokens; the
+  instruction reaches the pixels only through a mean-pooled relevance query and the decoder's attention.
+* "reading": the instruction shapes the visual features while they are formed, at a resolution that
+  resolves glyphs (letters are ~6 px wide):
+
+    chars (B, Lc) ─ embedding ─ two residual 1-D convs (13 chars seen) ─▶ char states (B, Lc, c)
+        ─ P learned attention-pooling queries ─▶ text vector (B, P·c) ─ per-layer Linear ─▶ FiLM γ, β
+    image ─ conv 3x3 s2 (2 px, 105x80) ─ FiLM ─ conv 5x5 s5 (10 px, 21x16) ─ 4 residual 3x3 blocks, each
+        FiLM-conditioned ─ cross-attention of every cell over the char states ─▶ cells (B, N, C)
+    relevance (B, N) = MLP(cells): the conditioned features already know what the instruction names
+    patches = LayerNorm(Linear(cells)) + position, as above
+
 Loss (per batch, written out in `vla_loss`):
     L = mean over target tokens of −log p(token | prefix)
       + λ_rel · mean over click/scroll steps of −log softmax(relevance)[target patch]
@@ -34,7 +48,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from policy.pruning import grid_shape
 from policy.screen import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
-from policy.tokens import special_tokens
+from policy.tokens import CHAR_VOCAB, special_tokens
 
 IGNORE = -100  # label of positions that carry no loss (visual tokens, prompt, padding)
 
@@ -66,10 +80,25 @@ class VLAConfig:
     max_thought_tokens: int = 32
     bin_px: int = 5
     """Pixels per coordinate token (must match the tokenizer's)."""
+    encoder: str = "patch"
+    """"patch" (raw-pixel patches, instruction only in the relevance query) or "reading" (FiLM and
+    cross-attention on the instruction's characters inside a 2 px stem; see the module docstring)."""
+    reading_channels: int = 64
+    """"reading": channels C of the 10 px cells (the stem's 2 px layer has C / 2)."""
+    reading_blocks: int = 4
+    """"reading": residual 3x3 blocks over the 21x16 cells, each FiLM-conditioned."""
+    reading_condition: bool = True
+    """"reading": False drops FiLM and the cross-attention (the same stem, blind to the instruction: an ablation)."""
+    max_instruction_chars: int = 96
+    """"reading": characters of the instruction the encoder reads."""
 
     def to_dict(self) -> dict:
         # Options left off are left out, so models without them keep the config (and the bundle bytes) they had.
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.encoder == "patch":
+            for name in READING_FIELDS:
+                data.pop(name)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> VLAConfig:
@@ -80,6 +109,9 @@ class VLAConfig:
     def num_patches(self) -> int:
         rows, cols = grid_shape(self.patch_px)
         return rows * cols
+
+
+READING_FIELDS = ("encoder", "reading_channels", "reading_blocks", "reading_condition", "max_instruction_chars")
 
 
 # log of a 0/1 membership matrix: 0 where patch i lies in column (row) c, -MEMBERSHIP elsewhere. Finite, so a
@@ -121,13 +153,9 @@ class PatchEncoder(nn.Module):
                 nn.Conv2d(d, d, (kh, kw), padding=(kh // 2, kw // 2), groups=d), nn.GELU(), nn.Conv2d(d, d, 1)
             )
         self.norm = nn.LayerNorm(d)
-        # Coordinate tokens of each patch row / column centre (policy.tokens puts them at fixed ids).
-        specials = special_tokens(cfg.bin_px)
-        centre = cfg.patch_px // 2
-        x_ids = [specials.index(f"<x_{(c * cfg.patch_px + centre) // cfg.bin_px}>") for c in range(self.cols)]
-        y_ids = [specials.index(f"<y_{(r * cfg.patch_px + centre) // cfg.bin_px}>") for r in range(self.rows)]
-        self.register_buffer("x_ids", torch.tensor(x_ids), persistent=False)
-        self.register_buffer("y_ids", torch.tensor(y_ids), persistent=False)
+        x_ids, y_ids = coordinate_ids(cfg)
+        self.register_buffer("x_ids", x_ids, persistent=False)
+        self.register_buffer("y_ids", y_ids, persistent=False)
         # Token embeddings start at std 0.02; scaled so position and content (LayerNorm, std 1) weigh alike.
         self.pos_scale = nn.Parameter(torch.tensor(50.0))
         # The relevance of a patch is also a feature of it: the decoder finds "the patch the instruction is
@@ -138,18 +166,131 @@ class PatchEncoder(nn.Module):
         self.key = nn.Linear(d, cfg.relevance_dim)
         self.relevance_dim = cfg.relevance_dim
 
-    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> Encoded:
+    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor, instruction_chars: torch.Tensor) -> Encoded:
         x = (image.float() - PIXEL_MEAN) / PIXEL_STD  # (B, 3, 210, 160)
         x = self.patchify(self.stem(x))  # (B, d, R, C)
         if self.context is not None:
             x = x + self.context(x)  # residual: the token's own patch stays its main content
         x = x.flatten(2).transpose(1, 2)  # (B, N, d), raster order
-        pos = (self.wte(self.y_ids)[:, None, :] + self.wte(self.x_ids)[None, :, :]).reshape(-1, x.shape[-1])  # (N, d)
-        patches = self.norm(x) + self.pos_scale * pos
+        patches = self.norm(x) + self.pos_scale * patch_positions(self.wte, self.x_ids, self.y_ids)
         mask = (instruction_ids != 0).float()[..., None]  # (B, L, 1); 0 is <pad>
         text = (self.wte(instruction_ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, d)
         q = self.query(text)  # (B, r)
         relevance = torch.einsum("bnr,br->bn", self.key(patches), q) / math.sqrt(self.relevance_dim)  # (B, N)
+        # Detached: the relevance is taught by its own loss; the decoder only reads it.
+        patches = patches + relevance.detach()[..., None] * self.relevance_embed
+        return Encoded(patches, relevance)
+
+
+def coordinate_ids(cfg: VLAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids of the coordinate tokens of each patch column / row centre (policy.tokens puts them at fixed ids)."""
+    specials = special_tokens(cfg.bin_px)
+    rows, cols = grid_shape(cfg.patch_px)
+    centre = cfg.patch_px // 2
+    x_ids = [specials.index(f"<x_{(c * cfg.patch_px + centre) // cfg.bin_px}>") for c in range(cols)]
+    y_ids = [specials.index(f"<y_{(r * cfg.patch_px + centre) // cfg.bin_px}>") for r in range(rows)]
+    return torch.tensor(x_ids), torch.tensor(y_ids)
+
+
+def patch_positions(wte: nn.Embedding, x_ids: torch.Tensor, y_ids: torch.Tensor) -> torch.Tensor:
+    """(N, d) position embedding of each patch: the embeddings of its centre's <x_i> and <y_j> summed."""
+    return (wte(y_ids)[:, None, :] + wte(x_ids)[None, :, :]).reshape(len(y_ids) * len(x_ids), -1)
+
+
+class CharEncoder(nn.Module):
+    """Instruction characters -> per-character states and P attention-pooled summaries of them.
+
+    Two residual 1-D convs (kernel 5, the second dilated by 2) see 13 characters: a quoted word with its
+    quotes, so a pooling query can learn to attend to "what is named" rather than to the template words."""
+
+    def __init__(self, width: int, pools: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(CHAR_VOCAB, width, padding_idx=0)
+        self.convs = nn.ModuleList([nn.Conv1d(width, width, 5, padding=2), nn.Conv1d(width, width, 5, padding=4,
+                                                                                    dilation=2)])  # fmt: skip
+        self.pool_queries = nn.Parameter(torch.randn(pools, width) / math.sqrt(width))
+
+    def forward(self, chars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """chars (B, L) -> states (B, L, c), text vector (B, P * c), additive pad bias (B, 1, L)."""
+        keep = (chars != 0).float()  # (B, L)
+        h = self.embed(chars)  # (B, L, c)
+        for conv in self.convs:
+            h = h + F.gelu(conv(h.transpose(1, 2))).transpose(1, 2) * keep[..., None]
+        pad_bias = (keep[:, None, :] - 1.0) * 1e9  # 0 on characters, -1e9 on padding
+        scores = torch.einsum("pc,blc->bpl", self.pool_queries, h) / math.sqrt(h.shape[-1]) + pad_bias  # (B, P, L)
+        pooled = scores.softmax(-1) @ h  # (B, P, c)
+        return h, pooled.flatten(1), pad_bias
+
+
+class FiLM(nn.Module):
+    """x * (1 + γ) + β, γ and β (per channel) a linear map of the instruction's text vector; starts as identity."""
+
+    def __init__(self, text_dim: int, channels: int):
+        super().__init__()
+        self.proj = nn.Linear(text_dim, 2 * channels)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        gamma, beta = self.proj(text)[..., None, None].chunk(2, dim=1)  # (B, C, 1, 1) each
+        return x * (1.0 + gamma) + beta
+
+
+class ReadingEncoder(nn.Module):
+    """Pixels + instruction characters -> instruction-conditioned 10 px visual tokens and their relevance.
+
+    With reading_condition off, FiLM and the cross-attention are left out (the ablation's blind stem)."""
+
+    def __init__(self, cfg: VLAConfig, wte: nn.Embedding):
+        super().__init__()
+        c, d = cfg.reading_channels, cfg.d_model
+        half = c // 2
+        if cfg.patch_px != 10:
+            raise ValueError(f"the reading encoder makes 10 px tokens (2 px stem x 5), got patch_px={cfg.patch_px}")
+        self.condition = cfg.reading_condition
+        self.chars = CharEncoder(c) if self.condition else None
+        text_dim = 4 * c
+        self.conv_2px = nn.Conv2d(3, half, 3, stride=2, padding=1)  # (B, C/2, 105, 80): strokes of 6 px letters
+        self.film_2px = FiLM(text_dim, half) if self.condition else None
+        self.conv_10px = nn.Conv2d(half, c, 5, stride=5)  # (B, C, 21, 16): one vector per 10 px token
+        self.blocks = nn.ModuleList(
+            nn.ModuleList([nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)])
+            for _ in range(cfg.reading_blocks)
+        )
+        self.films = nn.ModuleList(FiLM(text_dim, c) for _ in range(cfg.reading_blocks)) if self.condition else None
+        if self.condition:  # every cell asks the characters what it might be showing
+            self.cross_q, self.cross_k = nn.Linear(c, c), nn.Linear(c, c)
+            self.cross_v, self.cross_out = nn.Linear(c, c), nn.Linear(c, c)
+        self.relevance_head = nn.Sequential(nn.Linear(c, c), nn.GELU(), nn.Linear(c, 1))
+        self.out = nn.Linear(c, d)
+        self.norm = nn.LayerNorm(d)
+        x_ids, y_ids = coordinate_ids(cfg)
+        self.register_buffer("x_ids", x_ids, persistent=False)
+        self.register_buffer("y_ids", y_ids, persistent=False)
+        self.pos_scale = nn.Parameter(torch.tensor(50.0))  # as in PatchEncoder
+        self.relevance_embed = nn.Parameter(torch.randn(d) * 0.1)
+        self.wte = wte
+
+    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor, instruction_chars: torch.Tensor) -> Encoded:
+        x = (image.float() - PIXEL_MEAN) / PIXEL_STD  # (B, 3, 210, 160)
+        if self.condition:
+            states, text, pad_bias = self.chars(instruction_chars)  # (B, L, C), (B, 4C), (B, 1, L)
+        x = F.gelu(self.conv_2px(x))  # (B, C/2, 105, 80)
+        if self.condition:
+            x = self.film_2px(x, text)
+        x = F.gelu(self.conv_10px(x))  # (B, C, 21, 16)
+        for j, (conv_a, conv_b) in enumerate(self.blocks):
+            h = conv_a(x)
+            if self.condition:
+                h = self.films[j](h, text)
+            x = x + conv_b(F.gelu(h))
+        cells = x.flatten(2).transpose(1, 2)  # (B, N, C), raster order
+        if self.condition:
+            # (B, N, L): every cell's affinity to every character
+            scores = self.cross_q(cells) @ self.cross_k(states).transpose(1, 2) / math.sqrt(cells.shape[-1])
+            cells = cells + self.cross_out((scores + pad_bias).softmax(-1) @ self.cross_v(states))
+        relevance = self.relevance_head(cells)[..., 0]  # (B, N)
+        patches = self.norm(self.out(cells)) + self.pos_scale * patch_positions(self.wte, self.x_ids, self.y_ids)
         # Detached: the relevance is taught by its own loss; the decoder only reads it.
         patches = patches + relevance.detach()[..., None] * self.relevance_embed
         return Encoded(patches, relevance)
@@ -176,7 +317,10 @@ class VLA(nn.Module):
             pad_token_id=0,
         )
         self.decoder = GPT2LMHeadModel(gpt)
-        self.encoder = PatchEncoder(cfg, self.decoder.transformer.wte)
+        encoders = {"patch": PatchEncoder, "reading": ReadingEncoder}
+        if cfg.encoder not in encoders:
+            raise ValueError(f"encoder must be one of {sorted(encoders)}, got {cfg.encoder!r}")
+        self.encoder = encoders[cfg.encoder](cfg, self.decoder.transformer.wte)
         specials = special_tokens(cfg.bin_px)
         self.x0, self.y0 = specials.index("<x_0>"), specials.index("<y_0>")
         self.rows, self.cols = grid_shape(cfg.patch_px)
@@ -194,8 +338,8 @@ class VLA(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def encode(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> Encoded:
-        return self.encoder(image, instruction_ids)
+    def encode(self, image: torch.Tensor, instruction_ids: torch.Tensor, instruction_chars: torch.Tensor) -> Encoded:
+        return self.encoder(image, instruction_ids, instruction_chars)
 
     def keep_indices(self, relevance: torch.Tensor, prior: torch.Tensor, keep: int) -> torch.Tensor:
         """(B, keep) indices of the kept patches in raster order (policy.pruning.select_patches in torch)."""
@@ -212,6 +356,7 @@ class VLA(nn.Module):
         image: torch.Tensor,  # (B, 3, 210, 160) uint8
         prior: torch.Tensor,  # (B, N) float, from policy.pruning.patch_prior
         instruction_ids: torch.Tensor,  # (B, L) instruction BPE ids, right-padded with 0 (the relevance query)
+        instruction_chars: torch.Tensor,  # (B, Lc) policy.tokens.char_ids of the instruction, right-padded with 0
         text_ids: torch.Tensor,  # (B, T) prompt + target, right-padded with 0
         keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,7 +364,7 @@ class VLA(nn.Module):
 
         logits[:, t] is the prediction of text_ids[:, t] (from the position before it); the LM head runs
         on text positions only (the visual positions predict nothing)."""
-        encoded = self.encode(image, instruction_ids)
+        encoded = self.encode(image, instruction_ids, instruction_chars)
         kept = self.keep_indices(encoded.relevance, prior, keep)
         embeds = self.sequence_embeds(encoded.patches, kept, text_ids)
         attention = torch.cat([torch.ones_like(kept), (text_ids != 0).long()], dim=1)

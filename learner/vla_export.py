@@ -1,6 +1,7 @@
 """Export the VLA for the edge: three ONNX graphs, the KV cache owned by the runtime, in one bundle file.
 
-    encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64
+    encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64 (the "patch" encoder) or
+                   instruction_chars (1, Lc) int64 (the "reading" encoder: policy.tokens.char_ids)
                    -> patches (1, N, d), relevance (1, N), pointer_keys (1, N, r)
     prefill.onnx   inputs_embeds (T, d) of [kept patches | prompt], pointer_keys (k, r), in_col (k, C), in_row (k, R)
                    -> logits (1, V) of the last position, present_key_0, present_value_0, ... (1, H, T, d/H)
@@ -55,14 +56,21 @@ MIN_SHARED_BYTES = 1024  # initializers moved to the shared weights file; smalle
 CAUSAL_BLOCKS = 2  # query blocks of the prefill attention (PrefillGraph); 4 measured no faster than 2
 
 
+def encoder_text_input(model: VLA) -> str:
+    """The encoder graph's instruction input: what the model's encoder reads of the instruction."""
+    return "instruction_chars" if model.cfg.encoder == "reading" else "instruction_ids"
+
+
 class EncoderGraph(nn.Module):
+    """One instruction input (encoder_text_input): each encoder reads either the BPE ids or the characters."""
+
     def __init__(self, model: VLA):
         super().__init__()
         self.encoder = model.encoder
         self.pointer_k = model.pointer_k
 
-    def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        encoded = self.encoder(image, instruction_ids)
+    def forward(self, image: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        encoded = self.encoder(image, text, text)
         # Pointer keys of every patch (a per-token linear map): the runtime keeps the rows of the kept patches.
         return encoded.patches, encoded.relevance, self.pointer_k(encoded.patches)
 
@@ -279,10 +287,11 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     check_decoder_parity(net)
     cfg = net.cfg
     image = torch.randint(0, 256, (1, 3, SCREEN_H, SCREEN_W), dtype=torch.uint8)
-    ids = torch.randint(10, cfg.vocab_size, (1, 7))
+    text_input = encoder_text_input(net)
+    text = torch.randint(10, 90 if text_input == "instruction_chars" else cfg.vocab_size, (1, 7))
     encoder = _export(
-        EncoderGraph(net), (image, ids), ["image", "instruction_ids"], ["patches", "relevance", "pointer_keys"],
-        {"image": {0: "batch"}, "instruction_ids": {0: "batch", 1: "length"}, "patches": {0: "batch"},
+        EncoderGraph(net), (image, text), ["image", text_input], ["patches", "relevance", "pointer_keys"],
+        {"image": {0: "batch"}, text_input: {0: "batch", 1: "length"}, "patches": {0: "batch"},
          "relevance": {0: "batch"}, "pointer_keys": {0: "batch"}},
     )  # fmt: skip
     kept, tokens, capacity = torch.tensor([0, 5, 9, 30]), 5, 9

@@ -17,7 +17,7 @@ from learner.vla import VLA
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
 from policy.runtime import Generation, StepTiming, greedy_generate
 from policy.screen import screenshot_to_chw
-from policy.tokens import ActionTokenizer
+from policy.tokens import ActionTokenizer, char_ids
 
 
 @torch.inference_mode()
@@ -34,7 +34,8 @@ def torch_step(
     t0 = time.perf_counter()
     prompt = tok.prompt_ids(instruction, cfg.max_instruction_tokens)
     image = torch.from_numpy(screenshot_to_chw(screenshot)[None])
-    encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]))
+    chars = torch.tensor([char_ids(instruction, cfg.max_instruction_chars)])
+    encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]), chars)
     prior = patch_prior(screenshot, previous, cfg.patch_px, pruning)
     kept = select_patches(encoded.relevance[0].numpy(), prior, keep_count(cfg.num_patches, pruning.keep_ratio))
     kept_t = torch.from_numpy(kept)[None]

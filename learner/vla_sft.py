@@ -19,16 +19,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import polars as pl
 import torch
 from tqdm import tqdm
 
+from learner.augment import random_view
 from learner.config import VLATrainConfig
 from learner.vla import IGNORE, VLA, VLAConfig, target_patch_index, vla_loss
 from policy.pruning import PruningConfig, keep_count, patch_prior
-from policy.screen import POSITIONAL_TYPES, decode_png, screenshot_to_chw
-from policy.tokens import ActionTokenizer, short_thought, train_tokenizer
+from policy.screen import POSITIONAL_TYPES, decode_png
+from policy.tokens import ActionTokenizer, char_ids, short_thought, train_tokenizer
 from schemas import Action
 
 CHECKPOINT_NAME = "vla_checkpoint.pt"
@@ -70,59 +72,96 @@ class VLAResult:
 
 
 class VLADataset:
-    """Demonstration steps, decoded once: screenshots (M, 3, 210, 160) uint8, pruning priors, token sequences."""
+    """Demonstration steps, decoded once: screenshots (M, 210, 160, 3) uint8, pruning priors, token sequences.
+
+    `batch` with an augmenting config draws a fresh view (learner.augment) of every sampled step: its
+    screenshot and previous frame are warped alike, the prior is recomputed from them and a click target's
+    coordinate tokens and target patch follow the pixels."""
 
     def __init__(self, frame: pl.DataFrame, tok: ActionTokenizer, cfg: VLAConfig, pruning: PruningConfig):
         frame = frame.sort("episode_id", "step")
-        screens = [decode_png(png) for png in frame["screenshot"]]
-        self.images = np.stack([screenshot_to_chw(s) for s in screens])
-        previous = _previous_frames(frame["episode_id"].to_list(), frame["step"].to_list(), screens)
-        pairs = zip(screens, previous, strict=True)
-        self.priors = np.stack([patch_prior(s, p, cfg.patch_px, pruning) for s, p in pairs])  # (M, N)
+        self.tok, self.cfg, self.pruning = tok, cfg, pruning
+        self.screens = np.stack([decode_png(png) for png in frame["screenshot"]])  # (M, 210, 160, 3)
+        self.previous = _previous_index(frame["episode_id"].to_list(), frame["step"].to_list())  # (M,), -1: none
+        self.priors = np.stack([patch_prior(self.screens[i], self._previous_screen(i), cfg.patch_px, pruning)
+                                for i in range(len(self.screens))])  # fmt: skip  # (M, N)
         self.instruction: list[list[int]] = []
-        self.text: list[list[int]] = []  # prompt + target
-        self.prompt_len: list[int] = []
-        self.target_patch = np.full(frame.height, -1, dtype=np.int64)
-        for i, row in enumerate(frame.iter_rows(named=True)):
+        self.chars: list[list[int]] = []
+        self.thought: list[str] = []
+        self.action: list[Action] = []
+        self.prompt: list[list[int]] = []
+        for row in frame.iter_rows(named=True):
             action = Action(row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
                             key=row["key"] or "")  # fmt: skip
             prompt = tok.prompt_ids(row["instruction"] or "", cfg.max_instruction_tokens)
-            target = tok.target_ids(row["thought"] or "", action, cfg.max_thought_tokens)
             self.instruction.append(prompt[1:-1])
-            self.text.append(prompt + target)
-            self.prompt_len.append(len(prompt))
-            if action.type in POSITIONAL_TYPES:
-                self.target_patch[i] = target_patch_index(action.x, action.y, cfg.patch_px)
-        self.max_text = max(len(t) for t in self.text)
+            self.chars.append(char_ids(row["instruction"] or "", cfg.max_instruction_chars))
+            self.thought.append(row["thought"] or "")
+            self.action.append(action)
+            self.prompt.append(prompt)
 
     def __len__(self) -> int:
-        return len(self.text)
+        return len(self.action)
 
-    def batch(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
-        texts = [self.text[i] for i in idx]
+    def _previous_screen(self, i: int) -> np.ndarray | None:
+        return self.screens[self.previous[i]] if self.previous[i] >= 0 else None
+
+    def _target(self, action: Action) -> tuple[float, float] | None:
+        return (action.x, action.y) if action.type in POSITIONAL_TYPES else None
+
+    def batch(self, idx: np.ndarray, rng: np.random.Generator | None = None,
+              config: VLATrainConfig | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The steps `idx` as model inputs; seen through random views when `config` augments (rng draws them)."""
+        augment = config is not None and bool(config.augment_shift_px or config.augment_scale or config.augment_colour)
+        images, priors, actions = self.screens[idx], self.priors[idx], [self.action[i] for i in idx]
+        if augment:
+            images, priors = images.copy(), priors.copy()
+            for row, i in enumerate(idx):
+                target = self._target(actions[row])
+                view = random_view(rng, config.augment_shift_px, config.augment_scale, config.augment_colour, target)
+                images[row] = view.apply(self.screens[i])
+                previous = self._previous_screen(i)
+                previous = view.apply(previous) if previous is not None else None
+                priors[row] = patch_prior(images[row], previous, self.cfg.patch_px, self.pruning)
+                if target is not None:
+                    x, y = view.point(*target)
+                    actions[row] = msgspec.structs.replace(actions[row], x=x, y=y)
+        texts, prompt_lens, target_patch = [], [], np.full(len(idx), -1, dtype=np.int64)
+        for row, (i, action) in enumerate(zip(idx, actions, strict=True)):
+            target = self.tok.target_ids(self.thought[i], action, self.cfg.max_thought_tokens)
+            texts.append(self.prompt[i] + target)
+            prompt_lens.append(len(self.prompt[i]))
+            if action.type in POSITIONAL_TYPES:
+                target_patch[row] = target_patch_index(action.x, action.y, self.cfg.patch_px)
         width = max(len(t) for t in texts)
         text_ids = np.zeros((len(idx), width), dtype=np.int64)
         labels = np.full((len(idx), width), IGNORE, dtype=np.int64)
-        instruction = np.zeros((len(idx), max(1, max(len(self.instruction[i]) for i in idx))), dtype=np.int64)
-        for row, i in enumerate(idx):
-            text_ids[row, : len(self.text[i])] = self.text[i]
-            labels[row, self.prompt_len[i] : len(self.text[i])] = self.text[i][self.prompt_len[i] :]
-            instruction[row, : len(self.instruction[i])] = self.instruction[i]
+        for row, (text, start) in enumerate(zip(texts, prompt_lens, strict=True)):
+            text_ids[row, : len(text)] = text
+            labels[row, start : len(text)] = text[start:]
         return {
-            "image": torch.from_numpy(self.images[idx]),
-            "prior": torch.from_numpy(self.priors[idx]),
-            "instruction_ids": torch.from_numpy(instruction),
+            "image": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),  # (B, 3, 210, 160)
+            "prior": torch.from_numpy(priors),
+            "instruction_ids": torch.from_numpy(_right_padded([self.instruction[i] for i in idx])),
+            "instruction_chars": torch.from_numpy(_right_padded([self.chars[i] for i in idx])),
             "text_ids": torch.from_numpy(text_ids),
             "labels": torch.from_numpy(labels),
-            "target_patch": torch.from_numpy(self.target_patch[idx]),
+            "target_patch": torch.from_numpy(target_patch),
         }
 
 
-def _previous_frames(episodes: list[str], steps: list[int], screens: list[np.ndarray]) -> list[np.ndarray | None]:
-    """The screenshot of the same episode's previous step, or None (first step, or that step not in the frame)."""
+def _right_padded(rows: list[list[int]]) -> np.ndarray:
+    """(B, max len) int64, rows padded with 0 (every row at least one wide)."""
+    out = np.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _previous_index(episodes: list[str], steps: list[int]) -> np.ndarray:
+    """(M,) index of the same episode's previous step, -1 for a first step (or one whose predecessor is absent)."""
     index = {(e, s): i for i, (e, s) in enumerate(zip(episodes, steps, strict=True))}
-    previous = [index.get((e, s - 1)) for e, s in zip(episodes, steps, strict=True)]
-    return [screens[j] if j is not None else None for j in previous]
+    return np.array([index.get((e, s - 1), -1) for e, s in zip(episodes, steps, strict=True)], dtype=np.int64)
 
 
 def tokenizer_corpus(frame: pl.DataFrame) -> list[str]:
@@ -253,8 +292,9 @@ def train_vla(
         for group in optimizer.param_groups:
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
-        batch = data.batch(rng.integers(0, len(data), size=config.batch_size))
-        logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"], batch["text_ids"], keep)
+        batch = data.batch(rng.integers(0, len(data), size=config.batch_size), rng, config)
+        logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"],
+                                     batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
         total, token_nll, relevance_nll = vla_loss(
             logits, batch["labels"], relevance, batch["target_patch"], config.relevance_weight
         )

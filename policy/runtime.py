@@ -1,7 +1,7 @@
 """The VLA at the edge: onnxruntime encoder + explicit-KV-cache decoder, greedy decoding, no torch.
 
 One step:
-    encoder(image, instruction)        -> patches (N, d), relevance (N,)
+    encoder(image, instruction)        -> patches (N, d), relevance (N,)   (instruction as BPE ids or characters)
     select_patches(relevance + prior)  -> kept (k,)                       (policy.pruning)
     prefill([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache (copied into the cache buffers)
     repeat: token = argmax(logits masked by the action grammar); decode(wte[token], cache) until <eos>
@@ -25,7 +25,7 @@ from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
 from policy.interface import Decision, Observation
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
 from policy.screen import POSITIONAL_TYPES, log_softmax, screenshot_to_chw
-from policy.tokens import ActionTokenizer, Parsed
+from policy.tokens import ActionTokenizer, Parsed, char_ids
 
 MAX_TEXT_TOKENS = 24  # typed text / key name
 MAX_NEW_TOKENS = 64  # thought + action
@@ -121,15 +121,22 @@ class VLARuntime:
     def prompt(self, instruction: str) -> list[int]:
         return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
 
+    def encoder_feeds(self, screenshot: np.ndarray, instruction: str, prompt: list[int]) -> dict[str, np.ndarray]:
+        """The encoder graph's inputs: the screen, and the instruction as BPE ids or as characters."""
+        feeds = {"image": screenshot_to_chw(screenshot)[None]}
+        if self.config.get("encoder", "patch") == "reading":
+            feeds["instruction_chars"] = np.array([char_ids(instruction, int(self.config["max_instruction_chars"]))])
+        else:
+            feeds["instruction_ids"] = np.array([prompt[1:-1] or [0]], dtype=np.int64)
+        return feeds
+
     def step(
         self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None
     ) -> tuple[Generation, StepTiming]:
         """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None."""
         t0 = time.perf_counter()
         prompt = self.prompt(instruction)
-        instruction_ids = np.array([prompt[1:-1] or [0]], dtype=np.int64)
-        patches, relevance, pointer_keys = self.encoder.run(None, {"image": screenshot_to_chw(screenshot)[None],
-                                                                   "instruction_ids": instruction_ids})  # fmt: skip
+        patches, relevance, pointer_keys = self.encoder.run(None, self.encoder_feeds(screenshot, instruction, prompt))
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
         kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
         t1 = time.perf_counter()

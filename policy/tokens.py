@@ -35,6 +35,18 @@ def type_token(action_type: str) -> str:
     return f"<{action_type}>"
 
 
+# The reading encoder's view of the instruction: one id per character, so it can match glyphs to letters
+# (a BPE piece of an unseen word has no glyphs to learn from). 0 is padding, 1..95 printable ASCII,
+# 96 anything else.
+CHAR_VOCAB = 97
+
+
+def char_ids(text: str, max_chars: int) -> list[int]:
+    """The first `max_chars` characters of `text` as ids in [1, CHAR_VOCAB); never empty."""
+    ids = [ord(c) - 31 if " " <= c <= "~" else CHAR_VOCAB - 1 for c in text.strip()[:max_chars]]
+    return ids or [1]
+
+
 def special_tokens(bin_px: int) -> list[str]:
     nx, ny = -(-SCREEN_W // bin_px), -(-SCREEN_H // bin_px)
     return (

@@ -13,15 +13,16 @@ import torch
 
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
+from learner.augment import random_view
 from learner.config import VLATrainConfig
-from learner.vla import VLA, VLAConfig, vla_loss
+from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import apply_lora, load_vla, merge_lora, train_vla
+from learner.vla_sft import VLADataset, apply_lora, load_vla, merge_lora, tokenizer_corpus, train_vla
 from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import decode_png, encode_png, screenshot_to_chw
-from policy.tokens import ParseError, short_thought, train_tokenizer
+from policy.tokens import ParseError, char_ids, short_thought, train_tokenizer
 from schemas import Action
 
 pytestmark = pytest.mark.browser  # the data are real MiniWoB++ screens
@@ -253,18 +254,104 @@ def test_a_model_with_word_context_exports_and_the_edge_encodes_as_torch_does(tr
     bundle = export_bundle(model, tok, PruningConfig(keep_ratio=0.25), tmp_path / "context.vla")
     runtime = VLARuntime(bundle)
     row = frame.row(0, named=True)
-    image = screenshot_to_chw(decode_png(row["screenshot"]))[None]
-    ids = np.array([runtime.prompt(row["instruction"])[1:-1]])
-    got_patches, got_relevance, _ = runtime.encoder.run(None, {"image": image, "instruction_ids": ids})
+    feeds = runtime.encoder_feeds(decode_png(row["screenshot"]), row["instruction"], runtime.prompt(row["instruction"]))
+    got_patches, got_relevance, _ = runtime.encoder.run(None, feeds)
+    image, ids = torch.from_numpy(feeds["image"]), torch.from_numpy(feeds["instruction_ids"])
     with torch.inference_mode():
-        want = model.encode(torch.from_numpy(image), torch.from_numpy(ids))
+        want = model.encode(image, ids, ids)
     assert np.abs(got_patches - want.patches.numpy()).max() < 1e-3
     assert np.abs(got_relevance - want.relevance.numpy()).max() < 1e-3
     # the context conv is live: without it the same weights encode differently
     model.encoder.context = None
     with torch.inference_mode():
-        plain = model.encode(torch.from_numpy(image), torch.from_numpy(ids))
+        plain = model.encode(image, ids, ids)
     assert np.abs(plain.patches.numpy() - want.patches.numpy()).max() > 1e-2
+
+
+# --- the reading encoder and augmentation ------------------------------------------------------------
+
+READING = {**TINY, "encoder": "reading", "reading_channels": 16, "reading_blocks": 2}
+AUGMENT = {"augment_shift_px": 6, "augment_scale": 0.05, "augment_colour": 0.1}
+
+
+@pytest.fixture(scope="module")
+def trained_reading(frame, tmp_path_factory):
+    config = VLATrainConfig(**{**TRAIN.__dict__, **AUGMENT})
+    return train_vla(frame, config, tmp_path_factory.mktemp("reading"), model_config=READING, vocab_size=400)
+
+
+def test_the_reading_encoder_learns_with_augmented_views(trained_reading):
+    assert trained_reading.model.cfg.encoder == "reading"
+    assert np.mean(trained_reading.losses[-5:]) < 0.6 * np.mean(trained_reading.losses[:5])
+
+
+def test_the_reading_encoder_is_conditioned_on_the_instruction_characters(trained_reading, frame):
+    model = trained_reading.model
+    image = torch.from_numpy(screenshot_to_chw(decode_png(frame.row(0, named=True)["screenshot"]))[None])
+    none = torch.zeros(1, 1, dtype=torch.long)
+    with torch.inference_mode():
+        a = model.encode(image, none, torch.tensor([char_ids('Click on the "ok" button.', 96)]))
+        b = model.encode(image, none, torch.tensor([char_ids('Click on the "cancel" button.', 96)]))
+    assert (a.relevance - b.relevance).abs().max() > 1e-3  # FiLM and cross-attention read the words
+    blind = VLA(VLAConfig(vocab_size=model.cfg.vocab_size, **{**READING, "reading_condition": False})).eval()
+    with torch.inference_mode():
+        c = blind.encode(image, none, torch.tensor([char_ids('Click on the "ok" button.', 96)]))
+        d = blind.encode(image, none, torch.tensor([char_ids('Click on the "cancel" button.', 96)]))
+    assert torch.equal(c.relevance, d.relevance)  # the ablation's blind stem ignores them
+
+
+@pytest.mark.parametrize("keep_ratio", [0.25, 1.0])
+def test_a_reading_bundle_acts_as_torch_does(trained_reading, frame, tmp_path, keep_ratio):
+    result = trained_reading
+    path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "reading.vla")
+    runtime = VLARuntime(path, keep_ratio=keep_ratio)
+    assert [i.name for i in runtime.encoder.get_inputs()] == ["image", "instruction_chars"]
+    for row in frame.head(8).iter_rows(named=True):
+        screen = decode_png(row["screenshot"])
+        want, _ = torch_step(result.model, result.tokenizer, PruningConfig(keep_ratio=keep_ratio), screen,
+                             row["instruction"], None)  # fmt: skip
+        got, _ = runtime.step(screen, row["instruction"], None)
+        assert got.ids == want.ids
+        assert got.action_logprob == pytest.approx(want.action_logprob, abs=1e-3)
+
+
+def test_a_view_moves_the_click_target_with_the_pixels():
+    image = np.full((210, 160, 3), 255, dtype=np.uint8)
+    image[100:104, 60:64] = (200, 30, 30)  # a small red square centred on (62, 102)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        view = random_view(rng, 6, 0.05, 0.0, target=(62.0, 102.0))
+        x, y = view.point(62.0, 102.0)
+        seen = view.apply(image)
+        assert seen[int(y), int(x), 0] > 150 and seen[int(y), int(x), 1] < 100, (view, x, y)
+    # a target at the very edge is never pushed off the screen
+    for _ in range(20):
+        x, y = random_view(rng, 6, 0.05, 0.1, target=(159.0, 209.0)).point(159.0, 209.0)
+        assert 0 <= x < 160 and 0 <= y < 210
+
+
+def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatch):
+    import learner.vla_sft as sft
+    from learner.augment import IDENTITY, View
+
+    tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
+    cfg = VLAConfig(vocab_size=tok.vocab_size, **TINY)
+    data = VLADataset(frame, tok, cfg, PruningConfig())
+    clicks = np.array([i for i, a in enumerate(data.action) if a.type == "click"])
+    shift = View(1.0, 5.0, -4.0, IDENTITY.gain, IDENTITY.offset)  # 5 px right, 4 px up
+    monkeypatch.setattr(sft, "random_view", lambda *args, **kwargs: shift)
+    seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT))
+    for row, i in enumerate(clicks):
+        a = data.action[i]
+        x_id, y_id = (int(t) for t in seen["text_ids"][row][seen["labels"][row] != -100][-3:-1])  # <x> <y> <eos>
+        assert (x_id - tok.x0, y_id - tok.y0) == (int((a.x + 5) // tok.bin_px), int((a.y - 4) // tok.bin_px))
+        assert seen["target_patch"][row] == target_patch_index(a.x + 5, a.y - 4, cfg.patch_px)
+        image = seen["image"][row].numpy().transpose(1, 2, 0)  # (210, 160, 3)
+        assert np.array_equal(image[10:200, 10:150], data.screens[i][14:204, 5:145])  # the pixels moved alike
+        assert (
+            np.array_equal(seen["prior"][row].numpy(), patch_prior(image, None, cfg.patch_px, PruningConfig()))
+            or data.previous[i] >= 0
+        )  # a first step's prior is the shifted screen's
 
 
 # --- learning happened -----------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""`flywheel experiment`: arms trained on the same demonstrations, evaluated side by side.
+
+One JSON file (configs/experiment_*.json) names the demonstrations (a release recipe's collections, collected
+or reused exactly as `flywheel release` does), the tasks whose steps are trained on and evaluated, a base
+recipe (learner.config.VLARecipe) and the arms: each arm overrides model/train settings, may train on a
+fraction of the demonstration episodes, and is evaluated at one or more step counts of its run.
+
+    {"demonstrations_from": "configs/vla_release.json", "demonstrations_work": "runs/release",
+     "tasks": "tier1", "base": {recipe}, "arms": [{"name": "patch"},
+     {"name": "reading", "model": {"encoder": "reading"}, "train": {...}, "fraction": 0.5, "eval_at": [250, 500]}]}
+
+Everything resumes: an arm's training is checkpointed (learner.vla_sft) and each evaluation is kept in
+WORK/<arm>/eval-<step>.json, so a re-run only does what is missing. Evaluations at intermediate steps are
+snapshots of one cosine schedule (the learning rate has not annealed there). Writes WORK/results.json,
+WORK/table.md and WORK/curves.png (success vs training steps, and vs demonstration episodes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from core.console import say
+from core.settings import Settings, parse_tasks
+
+EVAL_SEED = 1_000_000  # eval seeds: demonstrations use seeds below 1,000,000
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    config: Path = Path("configs/experiment_vision.json")
+    """The experiment: demonstrations, tasks, base recipe and arms."""
+    work: Path = Path("runs/experiment-vision")
+    """Checkpoints, bundles, evaluations and the results go here."""
+    arms: str = ""
+    """Comma-separated arm names to run (empty: all); the table still shows every arm already evaluated."""
+    episodes: int = 50
+    """Evaluation episodes per task (50 or more for a reported figure)."""
+
+
+def merged(base: dict, arm: dict) -> dict:
+    """The base recipe with the arm's "model" and "train" sections laid over it."""
+    recipe = json.loads(json.dumps(base))
+    for section in ("model", "train", "pruning"):
+        recipe[section] = {**recipe.get(section, {}), **arm.get(section, {})}
+    return recipe
+
+
+def episode_subset(frame: pl.DataFrame, fraction: float, seed: int) -> pl.DataFrame:
+    """The steps of a seeded random `fraction` of the frame's episodes, per task (every task keeps its share)."""
+    if fraction >= 1.0:
+        return frame
+    rng = np.random.default_rng(seed)
+    chosen: list[str] = []
+    for task in sorted(frame["task"].unique().to_list()):
+        episodes = sorted(frame.filter(pl.col("task") == task)["episode_id"].unique().to_list())
+        take = max(1, round(fraction * len(episodes)))
+        chosen += [episodes[i] for i in rng.choice(len(episodes), size=take, replace=False)]
+    return frame.filter(pl.col("episode_id").is_in(chosen))
+
+
+def run_arm(
+    arm: dict, base: dict, frame: pl.DataFrame, tasks: tuple[str, ...], work: Path, episodes: int
+) -> list[dict]:
+    """Train one arm up to each of its eval_at steps and evaluate there; returns its evaluations in step order."""
+    from edge_client.evaluate import evaluate
+    from learner.config import VLARecipe
+    from learner.vla_export import export_bundle
+    from learner.vla_sft import train_vla
+    from policy.runtime import VLAPolicy
+
+    recipe = VLARecipe.from_dict(merged(base, arm))
+    fraction = float(arm.get("fraction", 1.0))
+    data = episode_subset(frame, fraction, recipe.train.seed)
+    out = work / arm["name"]
+    results = []
+    for step in sorted(arm.get("eval_at", [recipe.train.steps])):
+        eval_path = out / f"eval-{step}.json"
+        if eval_path.exists():
+            results.append(json.loads(eval_path.read_text()))
+            continue
+        say(f"arm {arm['name']}: training to step {step} on {data.height} steps "
+            f"({data['episode_id'].n_unique()} episodes)")  # fmt: skip
+        result = train_vla(data, recipe.train, out / "train", model_config=recipe.model, pruning=recipe.pruning,
+                           vocab_size=recipe.vocab_size, stop_at=step)  # fmt: skip
+        timing_path = out / "training.json"
+        timing = json.loads(timing_path.read_text()) if timing_path.exists() else {"wall_s": 0.0, "cpu_s": 0.0}
+        timing = {
+            "wall_s": timing["wall_s"] + result.wall_s,
+            "cpu_s": timing["cpu_s"] + result.cpu_s,
+            "parameters": result.num_parameters,
+            "last_loss": result.losses[-1] if result.losses else None,
+        }
+        timing_path.write_text(json.dumps(timing))
+        bundle = export_bundle(result.model, result.tokenizer, result.pruning, out / f"model-{step}.vla")
+        policy = VLAPolicy(bundle, f"{arm['name']}@{step}")
+        t0 = time.monotonic()
+        report = evaluate(lambda _task, policy=policy: policy, tasks, episodes, seed=EVAL_SEED)
+        entry = {
+            "arm": arm["name"], "step": step, "fraction": fraction, "group": arm.get("group", arm["name"]),
+            "demo_episodes": data["episode_id"].n_unique(), "demo_steps": data.height,
+            "batch_size": recipe.train.batch_size, "train_wall_s": round(timing["wall_s"], 1),
+            "train_cpu_s": round(timing["cpu_s"], 1), "parameters": timing["parameters"],
+            "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
+            "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
+            "mean": report["mean_success_rate"],
+        }  # fmt: skip
+        eval_path.write_text(json.dumps(entry, indent=2))
+        say(f"arm {arm['name']} @ {step}: mean {entry['mean']:.3f}")
+        results.append(entry)
+    return results
+
+
+def table(entries: list[dict]) -> str:
+    """Markdown: one row per (arm, step), a column per task, the mean, and what the row cost."""
+    tasks = list(entries[0]["tasks"]) if entries else []
+    short = [t.removeprefix("miniwob/").removesuffix("-v1") for t in tasks]
+    lines = ["| arm | step | demo episodes | " + " | ".join(short) + " | **mean** | train wall | params |",
+             "|---" * (len(tasks) + 6) + "|"]  # fmt: skip
+    for e in entries:
+        cells = " | ".join(f"{e['tasks'][t]:.2f}" for t in tasks)
+        lines.append(f"| {e['arm']} | {e['step']} | {e['demo_episodes']} | {cells} | **{e['mean']:.3f}** | "
+                     f"{e['train_wall_s'] / 60:.1f} min | {e['parameters'] / 1e6:.2f} M |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_curves(path: Path, entries: list[dict]) -> None:
+    """Mean success vs training steps (a line per arm) and vs demonstration episodes (a line per group)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_data) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in dict.fromkeys(e["arm"] for e in entries):
+        points = sorted((e["step"], e["mean"]) for e in entries if e["arm"] == arm)
+        by_step.plot(*zip(*points, strict=True), marker="o", label=arm)
+    for group in dict.fromkeys(e["group"] for e in entries):
+        final = {}
+        for e in entries:
+            if e["group"] == group and e["step"] >= final.get(e["arm"], {"step": -1})["step"]:
+                final[e["arm"]] = e
+        points = sorted((e["demo_episodes"], e["mean"]) for e in final.values())
+        if len(points) > 1:
+            by_data.plot(*zip(*points, strict=True), marker="o", label=group)
+    for ax, xlabel in ((by_step, "training steps"), (by_data, "demonstration episodes")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean success")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
+    from flywheel.release import demonstration_steps, release_demonstrations
+
+    spec = json.loads(config.config.read_text())
+    source = json.loads(Path(spec["demonstrations_from"]).read_text())
+    collections = release_demonstrations(source, Path(spec["demonstrations_work"]), settings)
+    tasks = parse_tasks(spec["tasks"])
+    frame = demonstration_steps(collections).filter(pl.col("task").is_in(list(tasks)))
+    if frame.is_empty():
+        raise ValueError(f"no demonstration steps of {tasks} in {spec['demonstrations_work']}")
+    wanted = {a for a in config.arms.split(",") if a}
+    unknown = wanted - {a["name"] for a in spec["arms"]}
+    if unknown:
+        raise ValueError(f"no arms named {sorted(unknown)} in {config.config}")
+    entries: list[dict] = []
+    for arm in spec["arms"]:
+        if not wanted or arm["name"] in wanted:
+            entries += run_arm(arm, spec["base"], frame, tasks, config.work, config.episodes)
+        else:  # not run now: its finished evaluations still belong in the table
+            entries += [json.loads(p.read_text()) for p in sorted((config.work / arm["name"]).glob("eval-*.json"))]
+    entries.sort(key=lambda e: ([a["name"] for a in spec["arms"]].index(e["arm"]), e["step"]))
+    config.work.mkdir(parents=True, exist_ok=True)
+    (config.work / "results.json").write_text(json.dumps({"config": spec, "results": entries}, indent=2))
+    (config.work / "table.md").write_text(table(entries) + "\n")
+    plot_curves(config.work / "curves.png", entries)
+    print(table(entries))
+    return entries
