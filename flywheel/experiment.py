@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +86,9 @@ def run_arm(
             continue
         say(f"arm {arm['name']}: training to step {step} on {data.height} steps "
             f"({data['episode_id'].n_unique()} episodes)")  # fmt: skip
-        result = train_vla(data, recipe.train, out / "train", model_config=recipe.model, pruning=recipe.pruning,
-                           vocab_size=recipe.vocab_size, stop_at=step)  # fmt: skip
+        result = train_vla(data, replace(recipe.train, log_every=50), out / "train", model_config=recipe.model,
+                           pruning=recipe.pruning, vocab_size=recipe.vocab_size, stop_at=step,
+                           progress=_report)  # fmt: skip
         timing_path = out / "training.json"
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {"wall_s": 0.0, "cpu_s": 0.0}
         timing = {
@@ -114,6 +115,11 @@ def run_arm(
         say(f"arm {arm['name']} @ {step}: mean {entry['mean']:.3f}")
         results.append(entry)
     return results
+
+
+def _report(p) -> None:  # learner.vla_sft.VLAProgress
+    say(f"  step {p.step}/{p.total_steps} loss {p.loss:.3f} (tokens {p.token_nll:.3f}, target patch "
+        f"{p.relevance_nll:.2f}) {p.samples_per_s:.1f} samples/s")  # fmt: skip
 
 
 def table(entries: list[dict]) -> str:

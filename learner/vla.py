@@ -91,6 +91,9 @@ class VLAConfig:
     """"reading": False drops FiLM and the cross-attention (the same stem, blind to the instruction: an ablation)."""
     max_instruction_chars: int = 96
     """"reading": characters of the instruction the encoder reads."""
+    pointer_relevance: bool = False
+    """Add each kept patch's relevance (times a learned scale) to the coordinate tokens' pointer scores: the
+    decoder then points where the encoder found what the instruction names, and refines from there."""
 
     def to_dict(self) -> dict:
         # Options left off are left out, so models without them keep the config (and the bundle bytes) they had.
@@ -98,6 +101,8 @@ class VLAConfig:
         if self.encoder == "patch":
             for name in READING_FIELDS:
                 data.pop(name)
+        if not self.pointer_relevance:
+            data.pop("pointer_relevance")
         return data
 
     @classmethod
@@ -123,6 +128,7 @@ class Pointer(NamedTuple):
     keys: torch.Tensor  # (B, k, r) pointer keys of the kept visual tokens
     col_bias: torch.Tensor  # (B, k, C) 0 where kept patch i lies in column c, -MEMBERSHIP elsewhere
     row_bias: torch.Tensor  # (B, k, R) likewise for rows
+    score_bias: torch.Tensor  # (B, k) added to every pointer score: scale * relevance, or 0 (pointer_relevance)
 
 
 class Encoded(NamedTuple):
@@ -330,6 +336,8 @@ class VLA(nn.Module):
         self.pointer_q = nn.Linear(cfg.d_model, cfg.relevance_dim)
         self.pointer_k = nn.Linear(cfg.d_model, cfg.relevance_dim)
         self.fine = nn.Linear(cfg.d_model, 2 * self.bins_per_patch)
+        if cfg.pointer_relevance:
+            self.pointer_scale = nn.Parameter(torch.tensor(1.0))
 
     @property
     def wte(self) -> nn.Embedding:
@@ -369,15 +377,24 @@ class VLA(nn.Module):
         embeds = self.sequence_embeds(encoded.patches, kept, text_ids)
         attention = torch.cat([torch.ones_like(kept), (text_ids != 0).long()], dim=1)
         hidden = self.decoder.transformer(inputs_embeds=embeds, attention_mask=attention).last_hidden_state
-        pointer = self.pointer_targets(embeds[:, :keep], kept)
+        pointer = self.pointer_targets(embeds[:, :keep], kept, encoded.relevance.gather(1, kept))
         logits = self.output_logits(hidden[:, keep - 1 : -1], pointer)  # (B, T, V)
         return logits, encoded.relevance, kept
 
-    def pointer_targets(self, vis: torch.Tensor, kept: torch.Tensor) -> Pointer:
-        """What the coordinate tokens point at, computed once per step (not once per decoded token)."""
+    def pointer_targets(self, vis: torch.Tensor, kept: torch.Tensor, kept_relevance: torch.Tensor) -> Pointer:
+        """What the coordinate tokens point at, computed once per step (not once per decoded token).
+
+        vis (B, k, d) kept visual tokens, kept (B, k) their raster indices, kept_relevance (B, k) theirs."""
         in_col = ((kept % self.cols)[..., None] == torch.arange(self.cols)).float()  # (B, k, C)
         in_row = ((kept // self.cols)[..., None] == torch.arange(self.rows)).float()  # (B, k, R)
-        return Pointer(self.pointer_k(vis), (in_col - 1.0) * MEMBERSHIP, (in_row - 1.0) * MEMBERSHIP)
+        return Pointer(self.pointer_k(vis), (in_col - 1.0) * MEMBERSHIP, (in_row - 1.0) * MEMBERSHIP,
+                       self.score_bias(kept_relevance))  # fmt: skip
+
+    def score_bias(self, kept_relevance: torch.Tensor) -> torch.Tensor:
+        """(..., k) what pointer_relevance adds to the pointer scores: scale * relevance (else zeros)."""
+        if not self.cfg.pointer_relevance:
+            return torch.zeros_like(kept_relevance)
+        return self.pointer_scale * kept_relevance
 
     def output_logits(self, hidden: torch.Tensor, pointer: Pointer) -> torch.Tensor:
         """(B, T, d) final hidden states -> (B, T, V): the LM head, with coordinate ids scored by pointing."""
@@ -388,8 +405,9 @@ class VLA(nn.Module):
 
     def coordinate_logits(self, hidden: torch.Tensor, pointer: Pointer) -> tuple[torch.Tensor, torch.Tensor]:
         """Pointer logits of the x and y tokens: (B, T, cols * bpp) and (B, T, rows * bpp), bpp = bins per patch."""
-        keys, col_bias, row_bias = pointer
+        keys, col_bias, row_bias, score_bias = pointer
         s = torch.einsum("btr,bkr->btk", self.pointer_q(hidden), keys) / math.sqrt(keys.shape[-1])  # (B, T, k)
+        s = s + score_bias[:, None, :]
         col = torch.logsumexp(s[..., None] + col_bias[:, None], dim=2)  # (B, T, C)
         row = torch.logsumexp(s[..., None] + row_bias[:, None], dim=2)  # (B, T, R)
         fine = self.fine(hidden)  # (B, T, 2 * bpp)

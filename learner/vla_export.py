@@ -4,6 +4,7 @@
                    instruction_chars (1, Lc) int64 (the "reading" encoder: policy.tokens.char_ids)
                    -> patches (1, N, d), relevance (1, N), pointer_keys (1, N, r)
     prefill.onnx   inputs_embeds (T, d) of [kept patches | prompt], pointer_keys (k, r), in_col (k, C), in_row (k, R)
+                   [, kept_relevance (k,): a model with pointer_relevance]
                    -> logits (1, V) of the last position, present_key_0, present_value_0, ... (1, H, T, d/H)
     decode.onnx    inputs_embeds (1, d), positions (1,), seqlens_k (1,) int32, total_len () int32, the pointer
                    inputs, cache_key_0, cache_value_0, ... (1, H, capacity, d/H)
@@ -122,8 +123,11 @@ class _Decoder(nn.Module):
         h = h + linear(block.attn.c_proj, y)
         return h + linear(block.mlp.c_proj, block.mlp.act(linear(block.mlp.c_fc, block.ln_2(h))))
 
-    def logits(self, h: torch.Tensor, pointer_keys: torch.Tensor, in_col: torch.Tensor, in_row: torch.Tensor):
+    def logits(self, h: torch.Tensor, pointer_keys: torch.Tensor, in_col: torch.Tensor, in_row: torch.Tensor,
+               kept_relevance: tuple[torch.Tensor, ...]):  # fmt: skip
         """(1, d) last hidden state -> (1, V): VLA.output_logits, its pointer logsumexps written as matmuls.
+
+        kept_relevance: () or ((k,) relevance of the kept patches,) for a model with pointer_relevance.
 
         logsumexp_i(s_i + bias_ic), bias 0 inside column c and -M outside, equals
         max + log(E @ in_col + e^-M * (sum(E) - E @ in_col)) with E = exp(s - max): two small matmuls
@@ -131,6 +135,8 @@ class _Decoder(nn.Module):
         """
         model, h = self.model, self.ln_f(h)
         s = model.pointer_q(h) @ pointer_keys.transpose(0, 1) / math.sqrt(pointer_keys.shape[-1])  # (1, k)
+        if kept_relevance:
+            s = s + model.score_bias(kept_relevance[0])[None, :]
         top = s.max(dim=-1, keepdim=True).values
         e = (s - top).exp()
         total = e.sum(dim=-1, keepdim=True)
@@ -157,6 +163,7 @@ class PrefillGraph(_Decoder):
         pointer_keys: torch.Tensor,  # (k, r) pointer keys of the kept patches (learner.vla.Pointer)
         in_col: torch.Tensor,  # (k, C): 1 where kept patch i lies in column c
         in_row: torch.Tensor,  # (k, R)
+        *kept_relevance: torch.Tensor,  # (k,), only for a model with pointer_relevance
     ) -> tuple[torch.Tensor, ...]:
         positions = torch.arange(inputs_embeds.shape[0])
         h = inputs_embeds + self.wpe(positions)
@@ -181,7 +188,8 @@ class PrefillGraph(_Decoder):
                 y = torch.cat([self.attend(q[:, a:b], k[:, :b], v[:, :b], mask[a:b, :b])
                                for a, b in zip(starts, ends, strict=True)], dim=1)  # fmt: skip
             h = self.rest_of_block(block, h, y.transpose(0, 1).reshape(-1, self.d))
-        return (self.logits(h, pointer_keys, in_col, in_row), *presents)  # (1, V), (1, H, T, hd) per layer
+        # (1, V), (1, H, T, hd) per layer
+        return (self.logits(h, pointer_keys, in_col, in_row, kept_relevance), *presents)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(hd) + bias) v: (H, Tq, hd) queries, (H, Tk, hd) keys/values, (Tq, Tk) bias."""
@@ -200,8 +208,10 @@ class DecodeGraph(_Decoder):
         pointer_keys: torch.Tensor,
         in_col: torch.Tensor,
         in_row: torch.Tensor,
-        *cache: torch.Tensor,  # key_0, value_0, key_1, ...: (1, H, capacity, hd)
+        *rest: torch.Tensor,  # [kept_relevance (k,), for pointer_relevance], key_0, value_0, key_1, ...
     ) -> tuple[torch.Tensor, ...]:
+        split = len(rest) - 2 * len(self.blocks)
+        kept_relevance, cache = rest[:split], rest[split:]  # cache buffers: (1, H, capacity, hd)
         h = inputs_embeds + self.wpe(positions)
         presents = []
         for layer, block in enumerate(self.blocks):
@@ -210,7 +220,8 @@ class DecodeGraph(_Decoder):
                                                   self.heads, self.hd)  # fmt: skip
             presents += [key, value]
             h = self.rest_of_block(block, h, y[0])
-        return (self.logits(h, pointer_keys, in_col, in_row), *presents)  # presents: the cache buffers, filled
+        # presents: the cache buffers, filled
+        return (self.logits(h, pointer_keys, in_col, in_row, kept_relevance), *presents)
 
 
 def linear(conv1d: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -221,11 +232,13 @@ def linear(conv1d: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class CachedDecoder:
     """PrefillGraph + DecodeGraph in torch, driven the way the edge runtime drives their ONNX twins."""
 
-    def __init__(self, model: VLA, kept: torch.Tensor, pointer_keys: torch.Tensor, capacity: int):
+    def __init__(self, model: VLA, kept: torch.Tensor, pointer_keys: torch.Tensor, kept_relevance: torch.Tensor,
+                 capacity: int):  # fmt: skip
         self.prefill, self.decode = PrefillGraph(model).eval(), DecodeGraph(model).eval()
         cfg = model.cfg
         in_col, in_row = membership(kept.numpy(), model.cols, model.rows)
-        self.pointer = (pointer_keys, torch.from_numpy(in_col), torch.from_numpy(in_row))
+        self.pointer = (pointer_keys, torch.from_numpy(in_col), torch.from_numpy(in_row),
+                        *((kept_relevance,) if cfg.pointer_relevance else ()))  # fmt: skip
         shape = (1, cfg.n_heads, capacity, cfg.d_model // cfg.n_heads)
         self.cache = [torch.zeros(shape) for _ in range(2 * cfg.n_layers)]
         self.length = 0
@@ -252,8 +265,9 @@ def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float
     gen = torch.Generator().manual_seed(seed)
     embeds = torch.randn(1, 12, model.cfg.d_model, generator=gen)
     kept = torch.tensor([3, 40, 41, 200, 300])
-    pointer = model.pointer_targets(embeds[:, :5], kept[None])
-    decoder = CachedDecoder(model, kept, pointer.keys[0], capacity=16)
+    relevance = torch.randn(1, len(kept), generator=gen)
+    pointer = model.pointer_targets(embeds[:, :5], kept[None], relevance)
+    decoder = CachedDecoder(model, kept, pointer.keys[0], relevance[0], capacity=16)
     worst = 0.0
     with torch.inference_mode():
         logits = decoder.start(embeds[0, :9])
@@ -296,8 +310,9 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     )  # fmt: skip
     kept, tokens, capacity = torch.tensor([0, 5, 9, 30]), 5, 9
     in_col, in_row = membership(kept.numpy(), net.cols, net.rows)
-    pointer = (net.pointer_k(torch.randn(len(kept), cfg.d_model)), torch.from_numpy(in_col), torch.from_numpy(in_row))
-    pointer_names = ["pointer_keys", "in_col", "in_row"]
+    pointer = (net.pointer_k(torch.randn(len(kept), cfg.d_model)), torch.from_numpy(in_col), torch.from_numpy(in_row),
+               *((torch.randn(len(kept)),) if cfg.pointer_relevance else ()))  # fmt: skip
+    pointer_names = ["pointer_keys", "in_col", "in_row", *(["kept_relevance"] if cfg.pointer_relevance else [])]
     per_kept = {name: {0: "kept"} for name in pointer_names}
     present_names = [f"present_{name}" for name in cache_names(cfg.n_layers)]
     prefill = _export(

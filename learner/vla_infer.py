@@ -45,7 +45,7 @@ def torch_step(
     # transformers' documented cache API: a DynamicCache passed as past_key_values grows in place per call.
     cache = DynamicCache()
     out = model.decoder.transformer(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
-    pointer = model.pointer_targets(visual, kept_t)
+    pointer = model.pointer_targets(visual, kept_t, encoded.relevance[:, kept_t[0]])
     first = model.output_logits(out.last_hidden_state[:, -1:], pointer)[0, 0].numpy()
     t2 = time.perf_counter()
 

@@ -142,6 +142,8 @@ class VLARuntime:
         t1 = time.perf_counter()
         in_col, in_row = membership(kept, self.cols, self.rows)
         pointing = {"pointer_keys": pointer_keys[0, kept], "in_col": in_col, "in_row": in_row}
+        if self.config.get("pointer_relevance"):  # the decoder points from where the encoder found the target
+            pointing["kept_relevance"] = np.ascontiguousarray(relevance[0, kept], dtype=np.float32)
         embeds = np.concatenate([patches[0, kept], self.wte[prompt]]).astype(np.float32)
         logits, *presents = self.prefill.run(None, {"inputs_embeds": embeds, **pointing})
         length = len(embeds)

@@ -270,7 +270,7 @@ def test_a_model_with_word_context_exports_and_the_edge_encodes_as_torch_does(tr
 
 # --- the reading encoder and augmentation ------------------------------------------------------------
 
-READING = {**TINY, "encoder": "reading", "reading_channels": 16, "reading_blocks": 2}
+READING = {**TINY, "encoder": "reading", "reading_channels": 16, "reading_blocks": 2, "pointer_relevance": True}
 AUGMENT = {"augment_shift_px": 6, "augment_scale": 0.05, "augment_colour": 0.1}
 
 

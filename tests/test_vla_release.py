@@ -15,9 +15,28 @@ TINY_RELEASE = {
     "seed": 3,
     "demonstrations": [{"tasks": "click-test,enter-text", "episodes_per_task": 2, "clients": 1}],
     "vocab_size": 300,
-    "model": {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128},
+    # The release's own encoder and views, small.
+    "model": {
+        "encoder": "reading",
+        "reading_channels": 16,
+        "reading_blocks": 2,
+        "pointer_relevance": True,
+        "d_model": 64,
+        "n_layers": 2,
+        "n_heads": 2,
+        "d_ff": 128,
+    },
     "pruning": {"keep_ratio": 0.25},
-    "train": {"steps": 6, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 3, "keep_ratios": [0.25, 1.0]},
+    "train": {
+        "steps": 6,
+        "batch_size": 4,
+        "warmup_steps": 2,
+        "checkpoint_every": 3,
+        "keep_ratios": [0.25, 1.0],
+        "augment_shift_px": 6,
+        "augment_scale": 0.05,
+        "augment_colour": 0.1,
+    },
 }
 
 
