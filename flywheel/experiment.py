@@ -41,6 +41,10 @@ class ExperimentConfig:
     """Comma-separated arm names to run (empty: all); the table still shows every arm already evaluated."""
     episodes: int = 50
     """Evaluation episodes per task (50 or more for a reported figure)."""
+    diagnose: str = ""
+    """A task: instead of training, report for every arm trained to its last step how often, on that task's
+    eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and how
+    often the decoded click lands in that patch (where reading fails: finding, or pointing)."""
 
 
 def merged(base: dict, arm: dict) -> dict:
@@ -166,10 +170,54 @@ def plot_curves(path: Path, entries: list[dict]) -> None:
     plt.close(fig)
 
 
+def pointing_diagnostic(arm_dir: Path, task: str, episodes: int) -> dict:
+    """Relevance top-1 / top-5 hit rate of the target patch and decoded-click-in-target-patch rate (see diagnose)."""
+    import torch
+
+    from edge_client.env import GuiEnv
+    from edge_client.experts import expert_for
+    from learner.vla import target_patch_index
+    from learner.vla_sft import CHECKPOINT_NAME, load_vla
+    from policy.runtime import VLARuntime
+    from policy.screen import screenshot_to_chw
+    from policy.tokens import char_ids
+
+    model, tok, _ = load_vla(arm_dir / "train" / CHECKPOINT_NAME)
+    last = max(int(p.stem.split("-")[1]) for p in arm_dir.glob("model-*.vla"))
+    runtime = VLARuntime(arm_dir / f"model-{last}.vla")
+    cfg, first, top5, clicked = model.cfg, 0, 0, 0
+    with GuiEnv(task) as env:
+        for i in range(episodes):
+            obs = env.reset(seed=EVAL_SEED + i, task=task)
+            target = expert_for(task).act(obs).action
+            patch = target_patch_index(target.x, target.y, cfg.patch_px)
+            prompt = tok.prompt_ids(obs.instruction, cfg.max_instruction_tokens)
+            with torch.inference_mode():
+                chars = torch.tensor([char_ids(obs.instruction, cfg.max_instruction_chars)])
+                image = torch.from_numpy(screenshot_to_chw(obs.screenshot)[None])
+                encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]), chars)
+            ranked = encoded.relevance[0].topk(5).indices.tolist()
+            first, top5 = first + (ranked[0] == patch), top5 + (patch in ranked)
+            action = tok.parse(runtime.step(obs.screenshot, obs.instruction, None)[0].ids).action
+            clicked += action.type == "click" and target_patch_index(action.x, action.y, cfg.patch_px) == patch
+    return {"arm": arm_dir.name, "step": last, "task": task, "episodes": episodes, "relevance_top1": first / episodes,
+            "relevance_top5": top5 / episodes, "click_in_target_patch": clicked / episodes}  # fmt: skip
+
+
 def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
     from flywheel.release import demonstration_steps, release_demonstrations
 
     spec = json.loads(config.config.read_text())
+    if config.diagnose:
+        arms = [config.work / a["name"] for a in spec["arms"] if any((config.work / a["name"]).glob("model-*.vla"))]
+        found = [pointing_diagnostic(arm, config.diagnose, 40) for arm in arms]
+        (config.work / f"diagnose-{config.diagnose}.json").write_text(json.dumps(found, indent=2))
+        for d in found:
+            print(
+                f"{d['arm']:32s} @ {d['step']}: relevance top-1 {d['relevance_top1']:.2f}, top-5 "
+                f"{d['relevance_top5']:.2f}; decoded click in the target patch {d['click_in_target_patch']:.2f}"
+            )
+        return found
     source = json.loads(Path(spec["demonstrations_from"]).read_text())
     collections = release_demonstrations(source, Path(spec["demonstrations_work"]), settings)
     tasks = parse_tasks(spec["tasks"])
