@@ -155,11 +155,12 @@ def config_classes() -> dict[str, type]:
     from flywheel.cli import EvalConfig
     from flywheel.demo import DemoConfig
     from flywheel.demonstrations import DemonstrationsConfig
+    from flywheel.experiment import ExperimentConfig
     from learner.config import LearnConfig, VLATrainConfig
     from processors.maintenance import MaintenanceConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
-               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig)  # fmt: skip
+               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
