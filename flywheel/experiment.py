@@ -29,6 +29,7 @@ from core.console import say
 from core.settings import Settings, parse_tasks
 
 EVAL_SEED = 1_000_000  # eval seeds: demonstrations use seeds below 1,000,000
+DIAGNOSE_EPISODES = 40
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ class ExperimentConfig:
     """Evaluation episodes per task (50 or more for a reported figure)."""
     diagnose: str = ""
     """A task: instead of training, report for every arm trained to its last step how often, on that task's
-    eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and how
-    often the decoded click lands in that patch (where reading fails: finding, or pointing)."""
+    first 40 eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and
+    how often the decoded click lands in that patch (where reading fails: finding, or pointing)."""
 
 
 def merged(base: dict, arm: dict) -> dict:
@@ -210,7 +211,7 @@ def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
     spec = json.loads(config.config.read_text())
     if config.diagnose:
         arms = [config.work / a["name"] for a in spec["arms"] if any((config.work / a["name"]).glob("model-*.vla"))]
-        found = [pointing_diagnostic(arm, config.diagnose, 40) for arm in arms]
+        found = [pointing_diagnostic(arm, config.diagnose, DIAGNOSE_EPISODES) for arm in arms]
         (config.work / f"diagnose-{config.diagnose}.json").write_text(json.dumps(found, indent=2))
         for d in found:
             print(
