@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from edge_client.env import GuiEnv
 from edge_client.episode import StepRecord, run_episode
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
 from policy.interface import Policy
+from policy.sampling import Sampling
 from policy.screen import encode_png
 from schemas import StepEvent, decode_event, encode_event, new_event_id
 from streams.kafka_clients import make_producer
@@ -47,6 +49,10 @@ class EdgeConfig:
     """With policy='model': how long to wait for a first version before giving up."""
     intra_op_threads: int = 1
     """onnxruntime threads (the box is shared)."""
+    temperature: float = 0.0
+    """With policy='model': sampling temperature of every generated token (0: greedy, no exploration)."""
+    top_k: int = 0
+    """With policy='model' and temperature > 0: sample among the k likeliest allowed tokens (0: all)."""
     metrics_port: int | None = 0
     """/metrics port (0: any free port, None: do not serve)."""
     summary_path: Path | None = None
@@ -152,6 +158,10 @@ def step_event(
         visual_tokens_kept=int(decision.extras.get("visual_tokens_kept", 0)),
         termination=record.termination,
         seed=seed,
+        tokens=decision.tokens,
+        token_logprobs=decision.token_logprobs,
+        temperature=decision.sampling.temperature if decision.sampling else 0.0,
+        top_k=decision.sampling.top_k if decision.sampling else 0,
     )
 
 
@@ -167,6 +177,11 @@ def step_publisher(
             metrics.STEP_SECONDS.labels(phase).observe(ms / 1000)
 
     return on_step
+
+
+def exploration(config: EdgeConfig) -> Sampling:
+    """The client's sampler, seeded from its id and seed so a rerun of a client explores alike."""
+    return Sampling(config.temperature, config.top_k, seed=zlib.crc32(config.client_id.encode()) + config.seed)
 
 
 def _policy_source(config: EdgeConfig, settings: Settings):
@@ -185,7 +200,9 @@ def _policy_source(config: EdgeConfig, settings: Settings):
 
     swapper = ModelSwapper(
         ModelVersionWatcher(settings, config.client_id, channel),
-        lambda path, version: load_policy(path, version, intra_op_threads=config.intra_op_threads),
+        lambda path, version: load_policy(
+            path, version, intra_op_threads=config.intra_op_threads, sampling=exploration(config)
+        ),
         settings.keys_dir / "trusted" if settings.require_signed_models else None,
     )
     deadline = time.monotonic() + config.wait_for_model_s

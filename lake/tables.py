@@ -40,6 +40,10 @@ STEPS_SCHEMA = pa.schema(
         ("visual_tokens_kept", pa.int32()),
         ("termination", pa.string()),  # the episode's ending, on its final step only (null before)
         ("seed", pa.int64()),  # null when unknown
+        ("tokens", pa.list_(pa.int32())),  # a model's generated ids (thought + action); empty for experts
+        ("token_logprobs", pa.list_(pa.float32())),  # behaviour log mu of each of them (policy.sampling)
+        ("temperature", pa.float32()),  # 0: greedy
+        ("top_k", pa.int32()),
         ("schema_version", pa.int16()),
         ("kafka_partition", pa.int32()),
         ("kafka_offset", pa.int64()),

@@ -1,7 +1,7 @@
 """The VLA in PyTorch eager mode: the reference the edge runtime is checked and benchmarked against.
 
 The transformers GPT-2 forward with its own KV cache, one token per call, greedy under the same action
-grammar (policy.runtime.greedy_generate), same preprocessing and pruning. transformers' `generate`
+grammar (policy.sampling.generate), same preprocessing and pruning. transformers' `generate`
 cannot be used as is: the coordinate tokens are scored by the model's pointer head, not by its LM head.
 """
 
@@ -15,7 +15,8 @@ from transformers import DynamicCache
 
 from learner.vla import VLA
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
-from policy.runtime import Generation, StepTiming, greedy_generate
+from policy.runtime import StepTiming
+from policy.sampling import Generation, generate
 from policy.screen import screenshot_to_chw
 from policy.tokens import ActionTokenizer, char_ids
 
@@ -54,6 +55,6 @@ def torch_step(
                                          use_cache=True)  # fmt: skip
         return model.output_logits(step.last_hidden_state, pointer)[0, 0].numpy()
 
-    gen = greedy_generate(first, advance, tok, cfg.max_thought_tokens)
+    gen = generate(first, advance, tok, cfg.max_thought_tokens)
     t3 = time.perf_counter()
     return gen, StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, cfg.num_patches, len(kept))

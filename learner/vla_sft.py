@@ -90,6 +90,9 @@ class VLADataset:
         self.thought: list[str] = []
         self.action: list[Action] = []
         self.prompt: list[list[int]] = []
+        # A model's rollout is scored on the ids it generated (exact for importance ratios), a
+        # demonstration on the tokenisation of its thought and action.
+        self.generated: list[list[int]] = []
         for row in frame.iter_rows(named=True):
             action = Action(row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
                             key=row["key"] or "")  # fmt: skip
@@ -99,6 +102,7 @@ class VLADataset:
             self.thought.append(row["thought"] or "")
             self.action.append(action)
             self.prompt.append(prompt)
+            self.generated.append(list(row.get("tokens") or []))
 
     def __len__(self) -> int:
         return len(self.action)
@@ -126,9 +130,11 @@ class VLADataset:
                 if target is not None:
                     x, y = view.point(*target)
                     actions[row] = msgspec.structs.replace(actions[row], x=x, y=y)
+        if augment and any(self.generated[i] for i in idx):
+            raise ValueError("recorded rollout tokens cannot be augmented: a view would move the clicked pixels")
         texts, prompt_lens, target_patch = [], [], np.full(len(idx), -1, dtype=np.int64)
         for row, (i, action) in enumerate(zip(idx, actions, strict=True)):
-            target = self.tok.target_ids(self.thought[i], action, self.cfg.max_thought_tokens)
+            target = self.generated[i] or self.tok.target_ids(self.thought[i], action, self.cfg.max_thought_tokens)
             texts.append(self.prompt[i] + target)
             prompt_lens.append(len(self.prompt[i]))
             if action.type in POSITIONAL_TYPES:

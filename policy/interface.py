@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from policy.sampling import GREEDY, Sampling
 from schemas import Action
 
 
@@ -31,6 +32,9 @@ class Decision:
     expected: str = ""  # e.g. "screen changes near (80, 105)"; checked by edge_client.verify
     logprob: float | None = None  # behaviour log-probability of the action (None for experts)
     extras: dict[str, float] = field(default_factory=dict)  # e.g. visual token counts
+    tokens: tuple[int, ...] = ()  # a model's generated target ids (thought + action, <eos> included)
+    token_logprobs: tuple[float, ...] = ()  # log mu of each of `tokens` under the distribution it was drawn from
+    sampling: Sampling | None = None  # how the tokens were drawn (None for experts)
 
 
 class Policy(Protocol):
@@ -39,8 +43,10 @@ class Policy(Protocol):
     def act(self, obs: Observation) -> Decision: ...
 
 
-def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None) -> Policy:
-    """A `.vla` bundle as a Policy; `keep_ratio` overrides the bundle's visual-token keep ratio."""
+def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None,
+                sampling: Sampling = GREEDY) -> Policy:  # fmt: skip
+    """A `.vla` bundle as a Policy; `keep_ratio` overrides the bundle's visual-token keep ratio; `sampling`
+    greedy (eval) or exploring."""
     from policy.runtime import VLAPolicy
 
-    return VLAPolicy(path, version, intra_op_threads=intra_op_threads, keep_ratio=keep_ratio)
+    return VLAPolicy(path, version, intra_op_threads=intra_op_threads, keep_ratio=keep_ratio, sampling=sampling)

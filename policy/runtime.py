@@ -1,10 +1,11 @@
-"""The VLA at the edge: onnxruntime encoder + explicit-KV-cache decoder, greedy decoding, no torch.
+"""The VLA at the edge: onnxruntime encoder + explicit-KV-cache decoder, greedy or sampled decoding, no torch.
 
 One step:
     encoder(image, instruction)        -> patches (N, d), relevance (N,)   (instruction as BPE ids or characters)
     select_patches(relevance + prior)  -> kept (k,)                       (policy.pruning)
     prefill([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache (copied into the cache buffers)
-    repeat: token = argmax(logits masked by the action grammar); decode(wte[token], cache) until <eos>
+    repeat: token = argmax or a draw (policy.sampling) of the logits masked by the action grammar;
+            decode(wte[token], cache) until <eos>
             (decode appends the token's keys/values to the cache buffers in place)
     parse tokens -> thought + action
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,43 +24,9 @@ from policy.bundle import WEIGHTS, read_bundle
 from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
 from policy.interface import Decision, Observation
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
-from policy.screen import POSITIONAL_TYPES, log_softmax, screenshot_to_chw
+from policy.sampling import GREEDY, MAX_NEW_TOKENS, Generation, Sampling, generate
+from policy.screen import POSITIONAL_TYPES, screenshot_to_chw
 from policy.tokens import ActionTokenizer, Parsed, char_ids
-
-MAX_TEXT_TOKENS = 24  # typed text / key name
-MAX_NEW_TOKENS = 64  # thought + action
-
-
-@dataclass(frozen=True)
-class Generation:
-    """What one greedy decode produced."""
-
-    ids: list[int]  # generated target ids, <eos> included
-    action_logprob: float  # sum of log p over the tokens from <act> on: the behaviour log-probability
-    steps: int  # decoder calls after the prefill
-
-
-def greedy_generate(
-    first_logits: np.ndarray,  # (V,) logits after the prefill
-    advance: Callable[[int], np.ndarray],  # feed one token, get the next (V,) logits
-    tok: ActionTokenizer,
-    max_thought_tokens: int,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-) -> Generation:
-    """Greedy decoding under the action grammar (ActionTokenizer.allowed_next); backend-agnostic."""
-    ids: list[int] = []
-    logits, logprob, in_action = first_logits, 0.0, False
-    while True:
-        allowed = tok.allowed_next(ids, max_thought_tokens, MAX_TEXT_TOKENS)
-        masked = np.where(allowed, logits.astype(np.float64), -np.inf)
-        token = int(np.argmax(masked))
-        in_action = in_action or token == tok.act_id
-        if in_action:
-            logprob += float(log_softmax(masked)[token])
-        ids.append(token)
-        if token == tok.eos_id or len(ids) >= max_new_tokens:
-            return Generation(ids, logprob, len(ids) - 1)
-        logits = advance(token)
 
 
 @dataclass(frozen=True)
@@ -131,8 +97,9 @@ class VLARuntime:
         return feeds
 
     def step(
-        self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None
-    ) -> tuple[Generation, StepTiming]:
+        self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None,
+        sampling: Sampling = GREEDY, rng: np.random.Generator | None = None,
+    ) -> tuple[Generation, StepTiming]:  # fmt: skip
         """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None."""
         t0 = time.perf_counter()
         prompt = self.prompt(instruction)
@@ -165,9 +132,9 @@ class VLARuntime:
             for name, value in inputs.items():
                 self.binding.bind_cpu_input(name, value)
             self.decode.run_with_iobinding(self.binding)
-            return self.logits[0]  # overwritten by the next call: greedy_generate reads it before that
+            return self.logits[0]  # overwritten by the next call: generate reads it before that
 
-        gen = greedy_generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]))
+        gen = generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]), sampling, rng)
         t3 = time.perf_counter()
         timing = StepTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, gen.steps, self.num_patches, len(kept))
         return gen, timing
@@ -185,7 +152,7 @@ def membership(kept: np.ndarray, cols: int, rows: int) -> tuple[np.ndarray, np.n
     return in_col, in_row
 
 
-def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decision:
+def decision_from(parsed: Parsed, gen: Generation, timing: StepTiming, sampling: Sampling = GREEDY) -> Decision:
     """The runtime's output as a Decision, with what verify should see afterwards."""
     action = parsed.action
     if action.type in POSITIONAL_TYPES:
@@ -202,19 +169,27 @@ def decision_from(parsed: Parsed, logprob: float, timing: StepTiming) -> Decisio
         "decode_ms": timing.decode_ms,
         "decode_tokens": timing.decode_tokens,
     }
-    return Decision(thought=parsed.thought, action=action, expected=expected, logprob=logprob, extras=extras)
+    return Decision(
+        thought=parsed.thought, action=action, expected=expected, logprob=gen.action_logprob, extras=extras,
+        tokens=tuple(gen.ids), token_logprobs=tuple(gen.token_logprobs), sampling=sampling,
+    )  # fmt: skip
 
 
 class VLAPolicy:
-    """Policy protocol over a VLA bundle. Remembers the previous frame of the episode for pruning."""
+    """Policy protocol over a VLA bundle. Remembers the previous frame of the episode for pruning.
 
-    def __init__(self, path: str | Path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None):
+    `sampling` greedy (the default) for eval; a temperature > 0 explores (policy.sampling)."""
+
+    def __init__(self, path: str | Path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None,
+                 sampling: Sampling = GREEDY):  # fmt: skip
         self.version = version
         self.runtime = VLARuntime(path, intra_op_threads, keep_ratio)
+        self.sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed)
         self._previous: np.ndarray | None = None
 
     def act(self, obs: Observation) -> Decision:
         previous = self._previous if obs.step > 0 else None
         self._previous = obs.screenshot
-        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous)
-        return decision_from(self.runtime.tok.parse(gen.ids), gen.action_logprob, timing)
+        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous, self.sampling, self._rng)
+        return decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)

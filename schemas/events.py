@@ -27,6 +27,7 @@ StepIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_EPISODE_STEPS)]
 StepCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPISODE_STEPS)]
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), lt=2**31)]
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+LogProb = Annotated[float, msgspec.Meta(ge=-1e6, le=0.0)]  # a finite log-probability
 
 ActionType = Literal["click", "type", "key", "scroll", "noop"]
 
@@ -84,6 +85,12 @@ class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     screenshot_ref: str = ""  # content address when the PNG lives in the blob store instead
     termination: Termination | None = None  # set on the final step (done) only
     seed: Int64 | None = None  # the env seed of the episode; None when unknown (v1 ids that do not parse)
+    # What a model generated, for the learner's importance ratios (policy.sampling); empty for experts.
+    # Optional fields with defaults: v2 readers that do not know them skip them, so no version bump.
+    tokens: tuple[Int32, ...] = ()  # generated target ids: thought + action, <eos> included
+    token_logprobs: tuple[LogProb, ...] = ()  # log mu of each token under the distribution it was drawn from
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 0.0  # 0: greedy
+    top_k: Int32 = 0  # 0: every token the grammar allows
     schema_version: int = 2
 
 

@@ -1,0 +1,121 @@
+"""The RL losses and advantages of the curriculum, as small pure functions (tensor shapes in comments).
+
+Notation: B sequences (one per step), T generated-token positions, V vocabulary, `mask` (B, T) is 1 where a
+position holds a generated token the loss counts. `logp` are log pi_theta of the generated tokens under the
+action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge recorded when it drew them
+(policy.sampling), `ref_logp` the frozen SFT reference's.
+
+    offline RL (AWR):      L = -sum_i w_i log pi(a_i|s_i) / sum_i 1,  w_i = min(exp(A_i / tau), w_max)
+    bidirectional (DPO):   L = -log sigmoid(beta * ((log pi(y+) - log ref(y+)) - (log pi(y-) - log ref(y-))))
+    online RL (PPO clip):  L = -mean_t min(r_t A, clip(r_t, 1 - eps, 1 + eps) A),  r_t = exp(logp_t - log mu_t)
+                           with r_t truncated at `ratio_cap` (rollouts arrive from several older versions)
+    RefKL:                 L_PPO + beta(k) * KL(pi_theta || pi_SFT)     (exact, over the allowed vocabulary)
+    DataBC:                L_PPO + beta(k) * -log pi_theta(a_demo | s)
+    beta(k):               beta_0 for k < warmup, then linear to 0 over `anneal` steps
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` (B, T) over the positions where `mask` (B, T) is 1; 0 when the mask is empty."""
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: each reward standardised within its group (rollouts of one task and seed).
+
+    rewards (N,), groups (N,) integer ids -> (N,) (r - mean_g) / (std_g + eps); 0 for a group of one, or one
+    whose rollouts all scored alike (no signal to rank them by). std is the population std.
+    """
+    _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(counts), dtype=rewards.dtype).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centred = rewards - means[inverse]  # (N,)
+    variances = torch.zeros(len(counts), dtype=rewards.dtype).index_add_(0, inverse, centred**2) / counts
+    std = variances.sqrt()[inverse]  # (N,)
+    return torch.where(std > eps, centred / (std + eps), torch.zeros_like(rewards))
+
+
+def baseline_advantages(returns: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """AWR's advantage: the return minus its group's mean return (a baseline per task). (N,), (N,) -> (N,)."""
+    _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    means = torch.zeros(len(counts), dtype=returns.dtype).index_add_(0, inverse, returns) / counts
+    return returns - means[inverse]
+
+
+def awr_weights(advantages: torch.Tensor, temperature: float, max_weight: float) -> torch.Tensor:
+    """(N,) exp(A / temperature), clipped at max_weight so one lucky episode cannot dominate a batch."""
+    return torch.exp(advantages / temperature).clamp(max=max_weight)
+
+
+def awr_loss(logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Advantage-weighted regression: token NLL of logged actions, each sequence weighted.
+
+    logp (B, T) log pi of the logged tokens, weights (B,), mask (B, T) -> scalar.
+    """
+    return masked_mean(-logp * weights[:, None], mask)
+
+
+def dpo_loss(
+    logp_chosen: torch.Tensor,  # (P,) log pi of each pair's preferred trajectory (sum over its tokens)
+    logp_rejected: torch.Tensor,  # (P,) ... of its dispreferred one (same task and seed)
+    ref_chosen: torch.Tensor,  # (P,) the same under the frozen SFT reference
+    ref_rejected: torch.Tensor,  # (P,)
+    beta: float,
+) -> torch.Tensor:
+    """Bidirectional self-reinforcement: raise the success relative to the reference, push the failure away.
+
+    Trajectory-level DPO: the environment's transition probabilities are the same under pi and the reference,
+    so they cancel in each log-ratio and only the policy's token log-probs remain.
+    """
+    margin = (logp_chosen - ref_chosen) - (logp_rejected - ref_rejected)  # (P,)
+    return -F.logsigmoid(beta * margin).mean()
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,  # (B, T) log pi_theta of the rollout's tokens
+    behaviour_logp: torch.Tensor,  # (B, T) log mu recorded at the edge
+    advantages: torch.Tensor,  # (B,) one per sequence (GRPO) or per step
+    mask: torch.Tensor,  # (B, T)
+    clip: float = 0.2,
+    ratio_cap: float = 5.0,
+) -> torch.Tensor:
+    """PPO's clipped surrogate with truncated importance ratios, token-level, as a loss to minimise.
+
+    The ratio is taken against the behaviour policy that drew the token (whatever version it was), and
+    truncated at ratio_cap before the min: with stale behaviour a negative advantage times an unbounded
+    ratio would otherwise dominate the batch (dual-clip PPO's bound).
+    """
+    ratio = torch.exp(logp - behaviour_logp).clamp(max=ratio_cap)  # (B, T)
+    a = advantages[:, None]  # (B, 1)
+    surrogate = torch.minimum(ratio * a, ratio.clamp(1.0 - clip, 1.0 + clip) * a)  # (B, T)
+    return masked_mean(-surrogate, mask)
+
+
+def kl_to_reference(
+    logp_all: torch.Tensor,  # (B, T, V) log pi_theta over the vocabulary, -inf outside the grammar
+    ref_logp_all: torch.Tensor,  # (B, T, V) log pi_SFT, the same support
+    mask: torch.Tensor,  # (B, T)
+) -> torch.Tensor:
+    """RefKL's regulariser: exact KL(pi_theta || pi_SFT) per position, averaged over the masked positions."""
+    p = logp_all.exp()  # (B, T, V); 0 outside the grammar
+    terms = torch.where(p > 0, p * (logp_all - ref_logp_all), torch.zeros_like(p))  # 0 log 0 = 0
+    return masked_mean(terms.sum(-1), mask)
+
+
+def databc_loss(logp_demo: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """DataBC's regulariser: -log pi_theta of the demonstrations' tokens. (B, T), (B, T) -> scalar."""
+    return masked_mean(-logp_demo, mask)
+
+
+def guidance_beta(step: int, beta0: float, warmup_steps: int, anneal_steps: int) -> float:
+    """The offline-guidance weight: beta0 for `warmup_steps`, then linearly to 0 over `anneal_steps`."""
+    if step < warmup_steps:
+        return beta0
+    if anneal_steps <= 0:
+        return 0.0
+    return beta0 * max(0.0, 1.0 - (step - warmup_steps) / anneal_steps)

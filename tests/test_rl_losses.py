@@ -1,0 +1,94 @@
+"""The curriculum's losses and advantages against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from learner.rl_losses import (
+    awr_loss,
+    awr_weights,
+    baseline_advantages,
+    databc_loss,
+    dpo_loss,
+    group_advantages,
+    guidance_beta,
+    kl_to_reference,
+    masked_mean,
+    ppo_clip_loss,
+)
+
+t = torch.tensor
+
+
+def test_group_advantages_standardise_within_each_group():
+    # group 0: rewards 1, 0, 0, 1 -> mean 0.5, population std 0.5 -> +1, -1, -1, +1
+    # group 1: a single rollout -> 0; group 2: all equal -> 0
+    adv = group_advantages(t([1.0, 0.0, 0.0, 1.0, 1.0, 0.3, 0.3]), t([0, 0, 0, 0, 1, 2, 2]))
+    assert adv.tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0], abs=1e-5)
+
+
+def test_baseline_advantages_subtract_the_task_mean():
+    # task 0 returns 1, 0.5 (mean 0.75); task 1 returns -1, 0, 1 (mean 0)
+    adv = baseline_advantages(t([1.0, 0.5, -1.0, 0.0, 1.0]), t([0, 0, 1, 1, 1]))
+    assert adv.tolist() == pytest.approx([0.25, -0.25, -1.0, 0.0, 1.0])
+
+
+def test_awr_weights_are_clipped_exponentials_and_weight_the_nll():
+    w = awr_weights(t([0.0, 1.0, 10.0]), temperature=0.5, max_weight=20.0)
+    assert w.tolist() == pytest.approx([1.0, math.exp(2.0), 20.0])  # exp(20) clipped
+    logp = t([[-1.0, -2.0], [-0.5, -9.0]])
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    # (1*1 + 1*2 + 3*0.5) / 3 positions
+    assert awr_loss(logp, t([1.0, 3.0]), mask).item() == pytest.approx((1 + 2 + 1.5) / 3)
+
+
+def test_dpo_loss_prefers_the_success_relative_to_the_reference():
+    # margin = (-1 - -2) - (-3 - -2) = 1 - (-1) = 2; beta 0.5 -> -log sigmoid(1)
+    loss = dpo_loss(t([-1.0]), t([-3.0]), t([-2.0]), t([-2.0]), beta=0.5)
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-1.0))))
+    # at the reference the margin is 0: log 2
+    assert dpo_loss(t([-2.0]), t([-2.0]), t([-2.0]), t([-2.0]), beta=0.5).item() == pytest.approx(math.log(2))
+    # its gradient raises the success's log-prob and lowers the failure's
+    chosen, rejected = t([-2.0], requires_grad=True), t([-2.0], requires_grad=True)
+    dpo_loss(chosen, rejected, t([-2.0]), t([-2.0]), beta=1.0).backward()
+    assert chosen.grad.item() < 0 < rejected.grad.item()
+
+
+def test_ppo_clip_loss_clips_and_truncates_the_ratio():
+    log = math.log
+    # position ratios: 1.5 (A>0: clipped to 1.2), 0.5 (A>0: min(0.5, 0.8) = 0.5), 10 (A<0: truncated at 5,
+    # then min(-5, -1.2) = -5), masked position ignored
+    logp = t([[log(1.5), log(0.5)], [log(10.0), 0.0]])
+    behaviour = torch.zeros(2, 2)
+    adv = t([1.0, -1.0])
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    loss = ppo_clip_loss(logp, behaviour, adv, mask, clip=0.2, ratio_cap=5.0)
+    assert loss.item() == pytest.approx(-(1.2 + 0.5 - 5.0) / 3)
+    # on-policy (ratio 1) it is -mean(A) and its gradient is the policy gradient -A
+    logp = torch.zeros(1, 1, requires_grad=True)
+    ppo_clip_loss(logp, torch.zeros(1, 1), t([2.0]), torch.ones(1, 1)).backward()
+    assert logp.grad.item() == pytest.approx(-2.0)
+
+
+def test_kl_to_reference_is_exact_over_the_allowed_tokens():
+    inf = float("inf")
+    logp = torch.log(t([[[0.5, 0.5, 0.0]]]))  # token 2 outside the grammar: log 0 = -inf
+    ref = torch.log(t([[[0.25, 0.75, 0.0]]]))
+    kl = kl_to_reference(logp, ref, torch.ones(1, 1))
+    assert kl.item() == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3))
+    assert torch.isfinite(kl) and logp[0, 0, 2].item() == -inf
+    assert kl_to_reference(ref, ref, torch.ones(1, 1)).item() == pytest.approx(0.0)
+
+
+def test_databc_and_masked_mean():
+    assert databc_loss(t([[-1.0, -3.0]]), t([[1.0, 0.0]])).item() == pytest.approx(1.0)
+    assert masked_mean(t([[1.0, 2.0]]), torch.zeros(1, 2)).item() == 0.0
+
+
+def test_guidance_beta_is_constant_then_annealed_to_zero():
+    betas = [guidance_beta(k, beta0=0.4, warmup_steps=10, anneal_steps=20) for k in (0, 9, 10, 20, 30, 100)]
+    assert betas == pytest.approx([0.4, 0.4, 0.4, 0.2, 0.0, 0.0])
+    assert guidance_beta(10, 0.4, 10, 0) == 0.0
