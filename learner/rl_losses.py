@@ -102,8 +102,12 @@ def kl_to_reference(
     mask: torch.Tensor,  # (B, T)
 ) -> torch.Tensor:
     """RefKL's regulariser: exact KL(pi_theta || pi_SFT) per position, averaged over the masked positions."""
-    p = logp_all.exp()  # (B, T, V); 0 outside the grammar
-    terms = torch.where(p > 0, p * (logp_all - ref_logp_all), torch.zeros_like(p))  # 0 log 0 = 0
+    # Outside the support both are -inf: zero them *before* the arithmetic, so neither the value nor the
+    # gradient meets -inf - -inf (a torch.where after it would still back-propagate 0 * nan = nan).
+    support = torch.isfinite(logp_all)  # (B, T, V)
+    logp = torch.where(support, logp_all, torch.zeros_like(logp_all))
+    ref = torch.where(support, ref_logp_all, torch.zeros_like(ref_logp_all))
+    terms = logp.exp() * (logp - ref) * support  # (B, T, V); 0 log 0 = 0
     return masked_mean(terms.sum(-1), mask)
 
 

@@ -224,6 +224,17 @@ def save_weights(path: Path, model: VLA, tok: ActionTokenizer, pruning: PruningC
     return path
 
 
+def resume_checkpoint(path: Path, config: VLATrainConfig) -> tuple[VLA, ActionTokenizer, PruningConfig, dict]:
+    """A training checkpoint (save_checkpoint) as model (LoRA adapters re-applied), tokenizer, pruning and
+    the raw state (optimizer, step, rng) to continue from."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = VLA(VLAConfig.from_dict(state["model_config"]))
+    if config.lora_rank:
+        apply_lora(model, config.lora_rank, config.lora_alpha)
+    model.load_state_dict(state["model"])
+    return model, ActionTokenizer.from_json(state["tokenizer"]), PruningConfig(**state["pruning"]), state
+
+
 def load_vla(path: str | Path) -> tuple[VLA, ActionTokenizer, PruningConfig]:
     """A trained VLA from a checkpoint (LoRA adapters merged), eval mode, on CPU."""
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -261,13 +272,7 @@ def train_vla(
     rng = np.random.default_rng(config.seed)
     start_step, state = 0, None
     if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        tok = ActionTokenizer.from_json(state["tokenizer"])
-        pruning = PruningConfig(**state["pruning"])
-        model = VLA(VLAConfig.from_dict(state["model_config"]))
-        if config.lora_rank:
-            apply_lora(model, config.lora_rank, config.lora_alpha)
-        model.load_state_dict(state["model"])
+        model, tok, pruning, state = resume_checkpoint(ckpt_path, config)
         start_step = int(state["step"])
         rng.bit_generator.state = state["rng"]
     elif init_checkpoint is not None:

@@ -81,6 +81,11 @@ def test_kl_to_reference_is_exact_over_the_allowed_tokens():
     assert kl.item() == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3))
     assert torch.isfinite(kl) and logp[0, 0, 2].item() == -inf
     assert kl_to_reference(ref, ref, torch.ones(1, 1)).item() == pytest.approx(0.0)
+    # its gradient is finite although the support excludes a token
+    logits = torch.tensor([[[1.0, 2.0, 0.0]]], requires_grad=True)
+    masked = logits.masked_fill(torch.tensor([False, False, True]), float("-inf")).log_softmax(-1)
+    kl_to_reference(masked, ref, torch.ones(1, 1)).backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 0, 2] == 0
 
 
 def test_databc_and_masked_mean():

@@ -1,0 +1,182 @@
+"""Offline RL: learn from every logged trajectory, successes and failures, without touching the environment.
+
+Starting from the SFT model (also the frozen reference), each update is
+
+    L = AWR + dpo_weight * DPO                                            (learner.rl_losses)
+    AWR: every logged step's tokens, weighted by w = curation weight * min(exp(A / tau), w_max),
+         A = the episode's score (processors.scoring) minus the mean score of its task's logged episodes
+    DPO: pairs (a success, a failure) of the same task, on the same seed where the log has one: the
+         failure's trajectory log-ratio to the reference is pushed below the success's
+
+AWR alone only re-weights imitation (a failure's weight is small but positive); the DPO term is what
+pushes probability away from the actions that led to dead ends. A model's rollout is scored on the
+tokens it generated (recorded at the edge), a demonstration on its thought and action's tokenisation.
+Checkpointed and resumable like SFT (learner.vla_sft).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from learner.config import VLATrainConfig
+from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss
+from learner.vla import VLA
+from learner.vla_sft import (
+    CHECKPOINT_NAME,
+    VLADataset,
+    VLAResult,
+    load_vla,
+    lr_at,
+    merge_lora,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from policy.pruning import keep_count
+
+# Beyond learner.data.SFT_COLUMNS: what the offline stage reads of each logged step.
+ROLLOUT_COLUMNS = ["tokens", "seed", "score", "success", "weight"]
+
+
+@dataclass(frozen=True)
+class OfflineRLConfig:
+    awr_temperature: float = 0.25
+    """tau: advantages are score differences in [-1, 1]; 0.25 weighs a +0.5 episode e^2 above the task mean."""
+    awr_max_weight: float = 5.0
+    """w_max: no logged step weighs more than this."""
+    dpo_beta: float = 0.5
+    """beta of the DPO term (how far from the reference the log-ratio margin saturates)."""
+    dpo_weight: float = 1.0
+    """Weight of the DPO term against AWR (0: AWR only)."""
+    dpo_pairs: int = 4
+    """(success, failure) pairs per update."""
+    dpo_max_steps: int = 3
+    """Steps of each trajectory scored in a pair: the first ones, where the two diverge from one screen."""
+
+
+def step_advantages(frame: pl.DataFrame) -> np.ndarray:
+    """(M,) each step's episode advantage: its score minus the mean score of its task's episodes."""
+    episodes = frame.unique("episode_id", keep="first", maintain_order=True).select("episode_id", "task", "score")
+    tasks = {t: i for i, t in enumerate(sorted(set(episodes["task"].to_list())))}
+    adv = baseline_advantages(
+        torch.tensor(episodes["score"].to_list(), dtype=torch.float64),
+        torch.tensor([tasks[t] for t in episodes["task"].to_list()]),
+    )
+    by_episode = dict(zip(episodes["episode_id"].to_list(), adv.tolist(), strict=True))
+    return np.array([by_episode[e] for e in frame["episode_id"].to_list()])
+
+
+def preference_pairs(frame: pl.DataFrame) -> list[tuple[str, str]]:
+    """(success episode, failure episode) pairs: every failure with a success of its task and seed, else with
+    a success of its task; the model's own successes are preferred over demonstrations as partners."""
+    episodes = frame.unique("episode_id", keep="first", maintain_order=True)
+    successes: dict[tuple, list[str]] = defaultdict(list)
+    for row in episodes.filter(pl.col("success")).iter_rows(named=True):
+        own = bool(row["tokens"])  # a model rollout (a demonstration records no tokens)
+        for key in ((row["task"], row["seed"]), (row["task"], None)):
+            successes[key].insert(0 if own else len(successes[key]), row["episode_id"])
+    pairs = []
+    for row in episodes.filter(~pl.col("success")).iter_rows(named=True):
+        partners = successes.get((row["task"], row["seed"])) or successes.get((row["task"], None))
+        if partners:
+            pairs.append((partners[0], row["episode_id"]))
+    return pairs
+
+
+def trajectory_logprobs(model: VLA, data: VLADataset, rows: list[int], segments: np.ndarray, keep: int) -> torch.Tensor:
+    """(S,) sum of log pi over each segment's tokens; rows (n,) dataset indices, segments (n,) segment ids."""
+    batch = data.batch(np.array(rows))
+    logp, _, _ = token_logprobs(model, batch, grammar_masks(data.tok, batch["labels"], data.cfg.max_thought_tokens),
+                                keep)  # fmt: skip
+    per_row = logp.sum(1)  # (n,)
+    return torch.zeros(int(segments.max()) + 1, dtype=per_row.dtype).index_add(0, torch.from_numpy(segments), per_row)
+
+
+def train_offline_rl(
+    frame: pl.DataFrame,
+    train: VLATrainConfig,
+    rl: OfflineRLConfig,
+    init_checkpoint: str | Path,
+    out_dir: str | Path,
+    stop_at: int | None = None,
+) -> VLAResult:
+    """Offline RL from the SFT checkpoint `init_checkpoint` on `frame` (SFT_COLUMNS + ROLLOUT_COLUMNS).
+
+    Resumes from out_dir's checkpoint; `stop_at`: checkpoint and return after this step."""
+    torch.set_num_threads(train.num_threads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / CHECKPOINT_NAME
+    rng = np.random.default_rng(train.seed)
+    reference, tok, pruning = load_vla(init_checkpoint)
+    reference.requires_grad_(False)
+    start_step, state = 0, None
+    if ckpt_path.exists():
+        model, tok, pruning, state = resume_checkpoint(ckpt_path, train)
+        start_step = int(state["step"])
+        rng.bit_generator.state = state["rng"]
+    else:
+        model = copy.deepcopy(reference).requires_grad_(True)
+    frame = frame.sort("episode_id", "step")  # the dataset's row order
+    data = VLADataset(frame, tok, model.cfg, pruning)
+    weights = torch.from_numpy(frame["weight"].to_numpy().astype(np.float32)) * awr_weights(
+        torch.from_numpy(step_advantages(frame)).float(), rl.awr_temperature, rl.awr_max_weight
+    )  # (M,)
+    rows_of: dict[str, list[int]] = defaultdict(list)
+    for i, episode in enumerate(frame["episode_id"].to_list()):
+        rows_of[episode].append(i)
+    pairs = preference_pairs(frame) if rl.dpo_weight > 0 else []
+    keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+
+    losses: list[float] = []
+    model.train()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    end = train.steps if stop_at is None else min(stop_at, train.steps)
+    for step in range(start_step, end):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, train)
+        idx = rng.integers(0, len(data), size=train.batch_size)
+        batch = data.batch(idx)
+        logp, _, mask = token_logprobs(model, batch, grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens),
+                                       keep)  # fmt: skip
+        total = awr_loss(logp, weights[idx], mask)
+        if pairs:
+            chosen = [pairs[j] for j in rng.choice(len(pairs), size=min(rl.dpo_pairs, len(pairs)), replace=False)]
+            rows, segments = [], []
+            for p, (win, lose) in enumerate(chosen):  # segment 2p: the success, 2p + 1: the failure
+                for side, episode in ((0, win), (1, lose)):
+                    steps = rows_of[episode][: rl.dpo_max_steps]
+                    rows += steps
+                    segments += [2 * p + side] * len(steps)
+            segments = np.array(segments)
+            policy_lp = trajectory_logprobs(model, data, rows, segments, keep)  # (2P,)
+            with torch.no_grad():
+                ref_lp = trajectory_logprobs(reference, data, rows, segments, keep)
+            total = total + rl.dpo_weight * dpo_loss(policy_lp[0::2], policy_lp[1::2], ref_lp[0::2], ref_lp[1::2],
+                                                     rl.dpo_beta)  # fmt: skip
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        optimizer.step()
+        losses.append(total.item())
+        done = step + 1
+        if train.checkpoint_every and done % train.checkpoint_every == 0:
+            save_checkpoint(ckpt_path, model, tok, optimizer, done, train, pruning, rng.bit_generator.state)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    steps = max(end, start_step)
+    save_checkpoint(ckpt_path, model, tok, optimizer, steps, train, pruning, rng.bit_generator.state)
+    return VLAResult(ckpt_path, merge_lora(model).eval(), tok, pruning, start_step, steps,
+                     losses, len(losses) * train.batch_size / max(wall, 1e-9), wall, cpu,
+                     model.num_parameters())  # fmt: skip

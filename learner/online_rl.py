@@ -1,0 +1,164 @@
+"""Online RL: GRPO-style PPO on the fleet's sampled rollouts, with offline guidance (RefKL or DataBC).
+
+A group is the rollouts of one task and seed (MiniWoB++ resets by seed), so the advantage of an episode is
+its reward standardised within its group (learner.rl_losses.group_advantages) and every step of it shares
+that advantage. Rollouts arrive from several model versions: each token's importance ratio is taken
+against the behaviour log mu the edge recorded when it drew that token, clipped and truncated:
+
+    L = L_PPO                                           (guidance "none": plain PPO)
+    L = L_PPO + beta(k) * KL(pi_theta || pi_SFT)        (RefKL, exact over the grammar's support)
+    L = L_PPO + beta(k) * -log pi_theta(a_demo | s)     (DataBC, on a batch of demonstrations)
+
+beta(k) = beta for `beta_warmup_steps` optimizer steps, then linearly to 0 over `beta_anneal_steps`
+(Poyarkov, Staroverov and Panov, 2026). One call is one PPO update over one batch of rollouts
+(`epochs` passes of minibatches, constant learning rate); the optimizer state and step count carry over
+between calls through the checkpoint in out_dir, so beta's schedule and Adam's moments continue across
+updates. Groups whose rollouts all scored alike carry no advantage and are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import polars as pl
+import torch
+
+from learner.config import VLATrainConfig
+from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.rl_losses import databc_loss, group_advantages, guidance_beta, kl_to_reference, ppo_clip_loss
+from learner.vla_sft import (
+    CHECKPOINT_NAME,
+    VLADataset,
+    VLAResult,
+    load_vla,
+    merge_lora,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from policy.pruning import keep_count
+
+Guidance = Literal["none", "refkl", "databc"]
+
+
+@dataclass(frozen=True)
+class OnlineRLConfig:
+    guidance: Guidance = "refkl"
+    """Offline guidance: 'none' (plain PPO), 'refkl' (KL to the SFT reference) or 'databc' (demo NLL)."""
+    beta: float = 0.1
+    """beta_0 of the guidance term."""
+    beta_warmup_steps: int = 50
+    """Optimizer steps at beta_0 before the anneal starts."""
+    beta_anneal_steps: int = 150
+    """Optimizer steps over which beta falls linearly to 0."""
+    clip: float = 0.2
+    """PPO's epsilon."""
+    ratio_cap: float = 5.0
+    """Importance ratios are truncated here before the clip (stale behaviour versions)."""
+    epochs: int = 2
+    """Passes over each rollout batch."""
+    demo_batch_size: int = 16
+    """DataBC: demonstrations per minibatch."""
+
+
+def episode_group_advantages(frame: pl.DataFrame) -> np.ndarray:
+    """(M,) each step's advantage: its episode's success (1/0) standardised within its (task, seed) group."""
+    episodes = frame.unique("episode_id", keep="first", maintain_order=True)
+    keys = {k: i for i, k in enumerate(sorted(set(zip(episodes["task"], episodes["seed"], strict=True))))}
+    adv = group_advantages(
+        torch.tensor(episodes["success"].cast(pl.Float64).to_list(), dtype=torch.float64),
+        torch.tensor([keys[k] for k in zip(episodes["task"], episodes["seed"], strict=True)]),
+    )
+    by_episode = dict(zip(episodes["episode_id"].to_list(), adv.tolist(), strict=True))
+    return np.array([by_episode[e] for e in frame["episode_id"].to_list()])
+
+
+def behaviour_logprobs(frame: pl.DataFrame, labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    """(B, T) the recorded log mu of each row's generated tokens, laid on its labelled positions (0 elsewhere)."""
+    out = torch.zeros(labels.shape, dtype=torch.float32)
+    column = frame["token_logprobs"]
+    for row, i in enumerate(idx):
+        positions = torch.nonzero(labels[row] != -100)[:, 0]
+        recorded = torch.tensor(column[int(i)].to_list(), dtype=torch.float32)
+        if len(recorded) != len(positions):
+            raise ValueError(f"row {int(i)}: {len(recorded)} recorded log-probs for {len(positions)} tokens")
+        out[row, positions] = recorded
+    return out
+
+
+def ppo_update(
+    rollouts: pl.DataFrame,
+    train: VLATrainConfig,
+    rl: OnlineRLConfig,
+    start_checkpoint: str | Path,
+    reference_checkpoint: str | Path,
+    out_dir: str | Path,
+    demos: pl.DataFrame | None = None,
+) -> VLAResult:
+    """One PPO update on `rollouts` (SFT_COLUMNS + tokens, token_logprobs, task, seed, success).
+
+    Continues from out_dir's checkpoint (earlier updates), else starts from `start_checkpoint`; the
+    reference (RefKL) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS) feed DataBC."""
+    if rl.guidance == "databc" and (demos is None or demos.is_empty()):
+        raise ValueError("DataBC guidance needs demonstrations")
+    torch.set_num_threads(train.num_threads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / CHECKPOINT_NAME
+    rng = np.random.default_rng(train.seed)
+    start_step, state = 0, None
+    if ckpt_path.exists():
+        model, tok, pruning, state = resume_checkpoint(ckpt_path, train)
+        start_step = int(state["step"])
+        rng.bit_generator.state = state["rng"]
+    else:
+        model, tok, pruning = load_vla(start_checkpoint)
+    reference = None
+    if rl.guidance == "refkl":
+        reference, _, _ = load_vla(reference_checkpoint)
+        reference.requires_grad_(False)
+    rollouts = rollouts.sort("episode_id", "step")  # the dataset's row order
+    data = VLADataset(rollouts, tok, model.cfg, pruning)
+    demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance == "databc" else None
+    advantages = torch.from_numpy(episode_group_advantages(rollouts)).float()  # (M,)
+    keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+
+    losses: list[float] = []
+    step = start_step
+    model.train()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    informative = np.flatnonzero(advantages.numpy() != 0)  # steps of groups whose rollouts differ
+    for _ in range(rl.epochs if len(informative) else 0):
+        for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // train.batch_size)):
+            batch = data.batch(chunk)
+            masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
+            logp, logp_all, mask = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
+            mu = behaviour_logprobs(rollouts, batch["labels"], chunk)  # (B, T)
+            total = ppo_clip_loss(logp, mu, advantages[chunk], mask, rl.clip, rl.ratio_cap)
+            beta = guidance_beta(step, rl.beta, rl.beta_warmup_steps, rl.beta_anneal_steps)
+            if rl.guidance == "refkl" and beta > 0:
+                with torch.no_grad():
+                    _, ref_logp_all, _ = token_logprobs(reference, batch, masks, keep)
+                total = total + beta * kl_to_reference(logp_all, ref_logp_all, mask)
+            elif rl.guidance == "databc" and beta > 0:
+                demo_batch = demo_data.batch(rng.integers(0, len(demo_data), size=rl.demo_batch_size))
+                demo_masks = grammar_masks(tok, demo_batch["labels"], model.cfg.max_thought_tokens)
+                demo_logp, _, demo_mask = token_logprobs(model, demo_batch, demo_masks, keep)
+                total = total + beta * databc_loss(demo_logp, demo_mask)
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            if train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+            optimizer.step()
+            losses.append(total.item())
+            step += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    save_checkpoint(ckpt_path, model, tok, optimizer, step, train, pruning, rng.bit_generator.state)
+    return VLAResult(ckpt_path, merge_lora(model).eval(), tok, pruning, start_step, step, losses,
+                     len(losses) * train.batch_size / max(wall, 1e-9), wall, cpu, model.num_parameters())  # fmt: skip

@@ -1,0 +1,97 @@
+"""Offline RL learns from failures: the DPO term pushes a failed action's probability below the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from learner.config import VLATrainConfig
+from learner.offline_rl import OfflineRLConfig, preference_pairs, step_advantages, train_offline_rl
+from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.vla_sft import VLADataset, load_vla, train_vla
+from policy.pruning import PruningConfig
+from policy.screen import encode_png
+from schemas import Action
+
+TINY = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
+INSTRUCTION = "Click the box."
+
+
+def box_screen(seed: int) -> tuple[np.ndarray, tuple[float, float]]:
+    rng = np.random.default_rng(seed)
+    image = np.full((210, 160, 3), 255, dtype=np.uint8)
+    y, x = int(rng.integers(60, 180)), int(rng.integers(10, 130))
+    image[y : y + 20, x : x + 20] = (30, 80, 200)
+    return image, (x + 10.0, y + 10.0)
+
+
+def row(episode: str, seed: int, action: Action, score: float, success: bool, tokens: list[int]) -> dict:
+    image, _ = box_screen(seed)
+    return dict(episode_id=episode, step=0, task="click-box", instruction=INSTRUCTION, screenshot=encode_png(image),
+                thought="Click the box.", action_type=action.type, x=action.x, y=action.y, text="", key="",
+                tokens=tokens, seed=seed, score=score, success=success, weight=1.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """An SFT model on 12 box demos, and a log of its successes (the box) and failures (the corner)."""
+    work = tmp_path_factory.mktemp("offline")
+    demos = [row(f"demo-{s}", s, Action("click", *box_screen(s)[1]), 1.0, True, []) for s in range(12)]
+    sft = train_vla(pl.DataFrame(demos), VLATrainConfig(steps=30, batch_size=8, lr=3e-3, warmup_steps=3, seed=0,
+                                                        keep_ratios=(1.0,), progress_bar=False, checkpoint_every=0),
+                    work / "sft", model_config=TINY, vocab_size=300)  # fmt: skip
+    tok = sft.tokenizer
+    rows = []
+    for s in range(12, 24):
+        good, bad = Action("click", *box_screen(s)[1]), Action("click", 5.0, 205.0)
+        rows.append(row(f"ok-{s}", s, good, 1.0, True, tok.target_ids("Click the box.", good, 16)))
+        rows.append(row(f"fail-{s}", s, bad, 0.15, False, tok.target_ids("Click the box.", bad, 16)))
+    return work, sft.checkpoint_path, pl.DataFrame(demos + rows)
+
+
+def test_advantages_and_pairs_come_from_the_log(logged):
+    _, _, frame = logged
+    adv = dict(zip(frame["episode_id"].to_list(), step_advantages(frame).tolist(), strict=True))
+    mean = (12 * 1.0 + 12 * 1.0 + 12 * 0.15) / 36
+    assert adv["fail-12"] == pytest.approx(0.15 - mean) and adv["ok-12"] == pytest.approx(1.0 - mean)
+    pairs = dict((lose, win) for win, lose in preference_pairs(frame))
+    assert pairs["fail-12"] == "ok-12"  # same seed, the model's own success
+    assert len(pairs) == 12
+
+
+def failure_vs_reference(model, reference, tok, frame) -> tuple[float, float]:
+    """Mean log-ratio to the reference of the logged failures' and successes' tokens."""
+    data = VLADataset(frame.sort("episode_id", "step"), tok, model.cfg, PruningConfig(keep_ratio=1.0))
+    batch = data.batch(np.arange(len(data)))
+    masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
+    with torch.no_grad():
+        ratio = (token_logprobs(model, batch, masks, model.cfg.num_patches)[0]
+                 - token_logprobs(reference, batch, masks, model.cfg.num_patches)[0]).sum(1)  # fmt: skip
+    failed = torch.tensor(~frame.sort("episode_id", "step")["success"].to_numpy())
+    return ratio[failed].mean().item(), ratio[~failed].mean().item()
+
+
+def test_offline_rl_pushes_failures_away_and_keeps_successes(logged):
+    work, sft_path, frame = logged
+    train = VLATrainConfig(steps=25, batch_size=8, lr=1e-3, warmup_steps=2, seed=0, checkpoint_every=10,
+                           progress_bar=False)  # fmt: skip
+    result = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=4), sft_path, work / "offline")
+    reference, tok, _ = load_vla(sft_path)
+    logged_rollouts = frame.filter(pl.col("tokens").list.len() > 0)
+    failed, succeeded = failure_vs_reference(result.model, reference, tok, logged_rollouts)
+    assert failed < -1.0  # the dead-end click is now much less likely than under SFT
+    assert succeeded > failed + 1.0  # and the success is not pushed down with it
+    assert result.steps == 25 and np.isfinite(result.losses).all()
+
+
+def test_offline_rl_resumes_to_the_same_weights(logged, tmp_path):
+    _, sft_path, frame = logged
+    train = VLATrainConfig(steps=6, batch_size=4, lr=1e-3, warmup_steps=1, seed=0, checkpoint_every=3,
+                           progress_bar=False)  # fmt: skip
+    straight = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / "a")
+    train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / "b", stop_at=3)
+    resumed = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / "b")
+    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
