@@ -83,7 +83,8 @@ TRAINING_SAMPLES_SCHEMA = pa.schema(
         ("step", pa.int32()),
         ("task", pa.string()),
         ("purpose", pa.string()),  # demo | success | failure | on_policy
-        ("weight", pa.float32()),
+        ("weight", pa.float32()),  # processors.curation: how much the learner weighs the row ...
+        ("reason", pa.string()),  # ... and why ("hard success", "near miss", ...)
         ("score", pa.float32()),
         ("model_version", pa.string()),
         ("kafka_partition", pa.int32()),

@@ -78,6 +78,10 @@ class DeltaSink:
             self._dt.update_incremental()
         return self._dt
 
+    def refresh(self) -> None:
+        """Move to the table's newest version (what `read` and `newest` then see)."""
+        self._table()
+
     def committed_offsets(self, keys: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Last offset of each (topic, partition) already in the table, -1 if none."""
         dt = self._table()

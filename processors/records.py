@@ -4,12 +4,12 @@ ConsumerRecord and faust's Message both have them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from processors.curation import curate_batch
 from processors.delta_sink import Record
 from processors.rows import episode_row, sample_rows, step_row
-from processors.scoring import curate
 from schemas import EpisodeEvent, EventDecodeError, StepEvent, decode_event
 
 Dead = tuple[object, EventDecodeError]  # a message that is not a valid event, and why
@@ -68,20 +68,33 @@ def step_records(messages: Iterable, max_screenshot_bytes: int) -> StepBatch:
     return batch
 
 
-def episode_records(messages: Iterable) -> tuple[list[Record], list[Record], list[Dead]]:
-    """(episodes records, training_samples records, dead letters)."""
+def episode_records(
+    messages: Iterable, history: Callable[[set[str]], list[dict]] | None = None
+) -> tuple[list[Record], list[Record], list[Dead]]:
+    """(episodes records, training_samples records, dead letters).
+
+    `history(tasks)`: the `episodes` table's rows of those tasks (processors.curation.HISTORY_COLUMNS),
+    what curation judges each episode against; None: no history (a fresh table)."""
     episodes, samples, dead = [], [], []
+    decoded: list[tuple[object, EpisodeEvent]] = []
     for message in messages:
         at = (message.topic, message.partition, message.offset)
         try:
-            episode = decode_event(message.value, expect=EpisodeEvent)
+            decoded.append((message, decode_event(message.value, expect=EpisodeEvent)))
         except EventDecodeError as error:
             dead.append((message, error))
+            decoded.append((message, None))
+    valid = [(m.partition, m.offset, e) for m, e in decoded if e is not None]
+    rows_before = history({e.task for _, _, e in valid}) if history is not None and valid else []
+    curated = iter(curate_batch(valid, rows_before))
+    for message, episode in decoded:
+        at = (message.topic, message.partition, message.offset)
+        if episode is None:
             episodes.append(Record(*at, []))
             samples.append(Record(*at, []))
             continue
-        kept = curate(episode)
-        rows = sample_rows(episode, *kept, message.partition, message.offset) if kept else []
+        kept = next(curated)
+        rows = sample_rows(episode, kept, message.partition, message.offset) if kept else []
         episodes.append(Record(*at, [episode_row(episode, message.partition, message.offset)]))
         samples.append(Record(*at, rows))
     return episodes, samples, dead

@@ -17,6 +17,7 @@ of what the log says happened.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from core.settings import Settings
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from processors.curation import episode_history
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink
 from processors.records import BATCH_MAX, episode_records, step_records
@@ -139,7 +141,7 @@ def replay(
                 summary.dead_letters += len(steps.dead)
                 summary.rows[STEPS] += _write(step_ids, steps.records)
             else:
-                episodes, samples, _dead = episode_records(batch)
+                episodes, samples, _dead = episode_records(batch, functools.partial(episode_history, episode_ids.sink))
                 summary.rows[EPISODES] += _write(episode_ids, episodes)
                 summary.rows[TRAINING_SAMPLES] += _write(sample_ids, samples)
             if progress is not None:

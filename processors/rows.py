@@ -6,6 +6,7 @@ import functools
 import time
 from datetime import UTC, datetime
 
+from processors.curation import Curated
 from schemas import EpisodeEvent, StepEvent
 
 
@@ -86,7 +87,7 @@ def episode_row(event: EpisodeEvent, partition: int, offset: int) -> dict:
     }
 
 
-def sample_rows(event: EpisodeEvent, purpose: str, weight: float, partition: int, offset: int) -> list[dict]:
+def sample_rows(event: EpisodeEvent, curated: Curated, partition: int, offset: int) -> list[dict]:
     """One gold row per step of a kept episode; the learner joins them to `steps` on (episode_id, step)."""
     now = time.time()
     return [
@@ -94,8 +95,9 @@ def sample_rows(event: EpisodeEvent, purpose: str, weight: float, partition: int
             "episode_id": event.episode_id,
             "step": step,
             "task": event.task,
-            "purpose": purpose,
-            "weight": weight,
+            "purpose": curated.purpose,
+            "weight": curated.weight,
+            "reason": curated.reason,
             "score": event.score,
             "model_version": event.model_version,
             "kafka_partition": partition,

@@ -1,4 +1,6 @@
-"""Episode assembly, scoring and curation as pure functions (the faust agents only route events)."""
+"""Episode assembly and scoring as pure functions (the faust agents only route events).
+
+What a scored episode becomes in training_samples: processors.curation."""
 
 from __future__ import annotations
 
@@ -79,17 +81,3 @@ def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeig
         + weights.step_efficiency * efficiency
         + weights.verification * verification,
     )
-
-
-def curate(episode: EpisodeEvent) -> tuple[str, float] | None:
-    """Purpose and weight of an episode's steps in training_samples, or None to leave it out.
-
-    Expert successes are demonstrations; the fleet's successes and failures are both kept (failures
-    are informative negatives for the RL stages). Failed demonstrations teach nothing and are dropped,
-    and so are episodes the browser broke ("error"): they say nothing about the policy.
-    """
-    if episode.termination == "error":
-        return None
-    if episode.policy == "expert":
-        return ("demo", 1.0) if episode.success else None
-    return ("success", 1.0) if episode.success else ("failure", 1.0)

@@ -9,6 +9,7 @@ processors.assembly and processors.scoring into the Delta sinks of processors.de
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -23,6 +24,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors import maintenance, metrics
 from processors.assembly import EpisodeAssembler
 from processors.batching import Batcher
+from processors.curation import episode_history
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
@@ -76,7 +78,8 @@ def build_app(settings: Settings) -> faust.App:
             # rather than losing them.
             sent = await dead_letter(fresh.dead.values())
             for episode in await asyncio.to_thread(assembler.observe, list(fresh.steps.values())):
-                sent.append(await topics["episodes"].send(key=episode.episode_id.encode(), value=encode_event(episode)))
+                # Keyed by task: a task's episodes in one partition, in one order (processors.curation).
+                sent.append(await topics["episodes"].send(key=episode.task.encode(), value=encode_event(episode)))
                 metrics.count_episode(episode.task, episode.success, episode.model_version)
             await asyncio.gather(*sent)
             await _commit(sink, fresh.records)
@@ -100,7 +103,10 @@ def build_app(settings: Settings) -> faust.App:
         sample_ids = RecentIds(DeltaSink(settings.tables_dir, TRAINING_SAMPLES), settings.dedup_window_s)
 
         async def write_episodes(events) -> None:
-            episodes, samples, dead = episode_records(event.message for event in events)
+            history = functools.partial(episode_history, episode_ids.sink)
+            episodes, samples, dead = await asyncio.to_thread(
+                episode_records, [event.message for event in events], history
+            )
             fresh_episodes = await asyncio.to_thread(episode_ids.fresh, episodes)
             await asyncio.gather(*await dead_letter(dead_among(dead, fresh_episodes)))
             await _commit(episode_ids.sink, fresh_episodes)

@@ -9,6 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from processors.curation import Curated
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.rows import episode_row, sample_rows, step_row
@@ -121,7 +122,7 @@ def scored(last, offset: int):
     progress.add(last)
     episode = score_episode(last, progress)
     episodes = Record("t.episodes", 0, offset, [episode_row(episode, 0, offset)])
-    samples = Record("t.episodes", 0, offset, sample_rows(episode, "demo", 1.0, 0, offset))
+    samples = Record("t.episodes", 0, offset, sample_rows(episode, Curated("demo", 1.0, "demonstration"), 0, offset))
     return episode, episodes, samples
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from processors.scoring import EpisodeProgress, curate, score_episode, step_efficiency, verification_rate
+from processors.scoring import EpisodeProgress, score_episode, step_efficiency, verification_rate
 from schemas import StepEvent, Verify, decode_event
 from tests.factories import step_event, v1_step_bytes
 
@@ -66,15 +66,3 @@ def test_v1_final_step_is_scored_as_the_v1_scorer_did():
     last = decode_event(v1_step_bytes(step_event("c3-click-test-41-2", reward=1.0, seed=None)), expect=StepEvent)
     episode = scored(last)
     assert episode.success and episode.termination == "success" and episode.seed == 41
-
-
-def test_curation_keeps_demos_and_fleet_outcomes_drops_failed_demos_and_broken_browsers():
-    def outcome(reward, version, **overrides):
-        return curate(scored(step_event(reward=reward, model_version=version, **overrides)))
-
-    assert outcome(1.0, "expert") == ("demo", 1.0)
-    assert outcome(-1.0, "expert") is None
-    assert outcome(1.0, "sft-0001")[0] == "success"
-    assert outcome(-1.0, "sft-0001")[0] == "failure"
-    assert outcome(-1.0, "sft-0001", termination="max_steps")[0] == "failure"
-    assert outcome(-1.0, "sft-0001", termination="error") is None
