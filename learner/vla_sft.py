@@ -1,6 +1,7 @@
 """SFT of the VLA on demonstrations read from Delta: maximum likelihood of thought + action tokens.
 
-Every batch: B steps sampled uniformly with replacement, one keep ratio drawn from `keep_ratios`
+Every batch: B steps sampled uniformly with replacement (B is the global batch: under torchrun each process
+trains on its slice, learner.distributed), one keep ratio drawn from `keep_ratios`
 (the model is trained with pruning on, and sees the unpruned screen too, so one set of weights serves
 both edge variants), loss = learner.vla.vla_loss. Checkpoints hold model, optimiser, sampler state and
 step, so a killed run resumes where it stopped and ends with the same weights as an uninterrupted one.
@@ -25,6 +26,7 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
+from learner import distributed
 from learner.augment import random_view
 from learner.config import VLATrainConfig
 from learner.vla import IGNORE, VLA, VLAConfig, target_patch_index, vla_loss
@@ -294,6 +296,7 @@ def train_vla(
 
     losses: list[float] = []
     model.train()
+    net = distributed.wrap(model)  # the model itself outside torchrun
     t0, cpu0 = time.perf_counter(), time.process_time()
     bar = tqdm(total=config.steps, initial=start_step, desc="vla sft", file=sys.stderr,
                disable=not (config.progress_bar and sys.stderr.isatty()))  # fmt: skip
@@ -303,9 +306,10 @@ def train_vla(
         for group in optimizer.param_groups:
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
-        batch = data.batch(rng.integers(0, len(data), size=config.batch_size), rng, config)
-        logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"],
-                                     batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
+        # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
+        batch = distributed.local_slice(data.batch(rng.integers(0, len(data), size=config.batch_size), rng, config))
+        logits, relevance, _ = net(batch["image"], batch["prior"], batch["instruction_ids"],
+                                   batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
         total, token_nll, relevance_nll = vla_loss(
             logits, batch["labels"], relevance, batch["target_patch"], config.relevance_weight
         )
@@ -318,7 +322,7 @@ def train_vla(
         done = step + 1
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok=f"{token_nll.item():.3f}", rel=f"{relevance_nll.item():.2f}")
-        if config.checkpoint_every and done % config.checkpoint_every == 0:
+        if config.checkpoint_every and done % config.checkpoint_every == 0 and distributed.is_main():
             save_checkpoint(ckpt_path, model, tok, optimizer, done, config, pruning, rng.bit_generator.state)
         if progress is not None and (done % config.log_every == 0 or done == config.steps):
             rate = len(losses) * config.batch_size / max(time.perf_counter() - t0, 1e-9)
@@ -326,7 +330,9 @@ def train_vla(
     bar.close()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     steps = max(end, start_step)
-    save_checkpoint(ckpt_path, model, tok, optimizer, steps, config, pruning, rng.bit_generator.state)
+    if distributed.is_main():
+        save_checkpoint(ckpt_path, model, tok, optimizer, steps, config, pruning, rng.bit_generator.state)
+    distributed.barrier()
     return VLAResult(
         checkpoint_path=ckpt_path,
         model=merge_lora(model).eval(),
