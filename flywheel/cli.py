@@ -306,6 +306,26 @@ def _learn(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_learn)
 
 
+def cmd_learner(args: argparse.Namespace) -> int:
+    from core.metrics import serve_metrics
+    from learner.daemon import DaemonConfig, run_daemon
+
+    settings = get_settings()
+    if args.metrics_port >= 0:
+        serve_metrics("flywheel-learner", settings.metrics_host, args.metrics_port)
+    state = run_daemon(settings, config_from(args, DaemonConfig))
+    print(json.dumps(state.versions), flush=True)
+    return 0
+
+
+def _learner(p: argparse.ArgumentParser) -> None:
+    from learner.daemon import DaemonConfig
+
+    p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
+    add_config_arguments(p, DaemonConfig)
+    p.set_defaults(func=cmd_learner)
+
+
 def _eval(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p, EvalConfig, parse=TASKS)
     p.set_defaults(func=cmd_eval)
@@ -396,6 +416,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "process": ("run the faust stream processors (steps -> Delta)", _process),
     "edge": ("run one edge client", _edge),
     "learn": ("train on the Delta tables by SFT and publish a model version", _learn),
+    "learner": ("the continuous learner: SFT -> offline RL -> online RL, a version every N episodes", _learner),
     "eval": ("success rate per task with the binary reward", _eval),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),

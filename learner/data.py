@@ -7,11 +7,16 @@ from pathlib import Path
 import polars as pl
 from deltalake import DeltaTable
 
-from lake.tables import STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 
 SFT_COLUMNS = [
     "episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y", "text", "key"
 ]  # fmt: skip
+
+
+ROLLOUT_COLUMNS = ["tokens", "token_logprobs", "seed", "model_version"]  # beyond SFT_COLUMNS, for the RL stages
+ROLLOUT_TYPES = {"tokens": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float32), "seed": pl.Int64,
+                 "model_version": pl.String}  # fmt: skip
 
 
 def table_versions(tables_dir: Path) -> dict[str, int]:
@@ -32,3 +37,30 @@ def load_samples(tables_dir: Path, purposes: tuple[str, ...], versions: dict[str
     )
     steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=versions[STEPS]).select(SFT_COLUMNS)
     return samples.join(steps, on=["episode_id", "step"], how="inner").collect()
+
+
+def load_rollouts(
+    tables_dir: Path, purposes: tuple[str, ...], versions: dict[str, int] | None = None, since: float = 0.0
+) -> pl.DataFrame:
+    """Curated steps of logged episodes for the RL stages: SFT_COLUMNS + ROLLOUT_COLUMNS + purpose, weight,
+    score and success (joined from `episodes`). `since`: only episodes produced after this unix time (the
+    fleet's fresh rollouts for online RL). `versions` pins steps and training_samples as in load_samples;
+    `episodes` is read at its newest version, which holds every episode those samples name."""
+    versions = versions or table_versions(tables_dir)
+    samples = (
+        pl.scan_delta(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        .filter(pl.col("purpose").is_in(list(purposes)) & (pl.col("produced_at") > since))
+        .select("episode_id", "step", "purpose", "weight", "score")
+    )
+    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=versions[STEPS])
+    have = steps.collect_schema().names()
+    # Tables written before the edge recorded its tokens have no such columns: their steps have none.
+    missing = [pl.lit(None, dtype=ROLLOUT_TYPES[c]).alias(c) for c in ROLLOUT_COLUMNS if c not in have]
+    steps = steps.select([c for c in SFT_COLUMNS + ROLLOUT_COLUMNS if c in have]).with_columns(missing)
+    episodes = pl.scan_delta(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
+    return (
+        samples.join(steps, on=["episode_id", "step"], how="inner")
+        .join(episodes, on="episode_id", how="inner")
+        .with_columns(pl.col(c).fill_null(pl.lit([], dtype=ROLLOUT_TYPES[c])) for c in ("tokens", "token_logprobs"))
+        .collect()
+    )

@@ -157,10 +157,11 @@ def config_classes() -> dict[str, type]:
     from flywheel.demonstrations import DemonstrationsConfig
     from flywheel.experiment import ExperimentConfig
     from learner.config import LearnConfig, VLATrainConfig
+    from learner.daemon import DaemonConfig
     from processors.maintenance import MaintenanceConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
-               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig)  # fmt: skip
+               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

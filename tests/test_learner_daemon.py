@@ -1,0 +1,122 @@
+"""The continuous learner walks the curriculum on real Delta tables and publishes through Kafka:
+SFT on demonstrations -> offline RL once failures are logged -> online RL on fresh sampled rollouts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from learner.daemon import DaemonConfig, DaemonState, is_due, next_stage, run_daemon
+from policy.runtime import VLARuntime
+from policy.sampling import Sampling
+from policy.screen import encode_png
+from processors.curation import Curated
+from processors.delta_sink import DeltaSink, Record
+from processors.rows import episode_row, sample_rows, step_row
+from registry.store import resolve_model
+from schemas import Action, EpisodeEvent, StepEvent, Verify
+from streams.model_versions import latest_by_channel
+
+TINY_RECIPE = {"seed": 0, "vocab_size": 300,
+               "model": {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128},
+               "pruning": {"keep_ratio": 1.0},
+               "train": {"steps": 20, "batch_size": 8, "lr": 0.003, "warmup_steps": 3, "keep_ratios": [1.0],
+                         "checkpoint_every": 0}}  # fmt: skip
+
+
+def box(seed: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    rng = np.random.default_rng(seed)
+    image = np.full((210, 160, 3), 255, dtype=np.uint8)
+    y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
+    image[y : y + 30, x : x + 30] = (30, 80, 200)
+    return image, (x, y, x + 30, y + 30)
+
+
+class Log:
+    """Writes one-step episodes into the run's Delta tables as the pipeline would (its rows, its sinks)."""
+
+    def __init__(self, tables_dir):
+        self.sinks = {t: DeltaSink(tables_dir, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}
+        self.offset = 0
+
+    def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=()):
+        image, _ = box(seed)
+        now = time.time()
+        step = StepEvent(event_id=f"s-{name}", client_id="c0", produced_at=now, episode_id=name, step=0,
+                         task="click-box", instruction="Click the box.", screenshot=encode_png(image),
+                         thought="Click the box.", action=action, model_version=version, verify=Verify(),
+                         reward=1.0 if success else -1.0, done=True, seed=seed, tokens=tuple(tokens),
+                         token_logprobs=tuple(logprobs), termination="success" if success else "failure")  # fmt: skip
+        episode = EpisodeEvent(event_id=f"e-{name}", client_id="c0", produced_at=now, episode_id=name,
+                               task="click-box", seed=seed, steps=1, raw_reward=step.reward,
+                               binary_reward=1.0 if success else -1.0, success=success,
+                               termination=step.termination, model_version=version, score=1.0 if success else 0.15,
+                               policy="expert" if version == "expert" else "model")  # fmt: skip
+        purpose = "demo" if version == "expert" else ("success" if success else "failure")
+        at = self.offset
+        self.offset += 1
+        self.sinks[STEPS].write([Record("steps", 0, at, [step_row(step, 0, at)])])
+        self.sinks[EPISODES].write([Record("episodes", 0, at, [episode_row(episode, 0, at)])])
+        rows = sample_rows(episode, Curated(purpose, 1.0, "test"), 0, at)
+        self.sinks[TRAINING_SAMPLES].write([Record("episodes", 0, at, rows)])
+
+
+def test_the_schedule_follows_the_curriculum():
+    config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4)
+    fresh = DaemonState()
+    assert next_stage(fresh, failures_logged=True) == "sft" and is_due(fresh, 0, 0.0, config)
+    sft = DaemonState(sft_checkpoint="x", last_publish_at=100.0)
+    assert next_stage(sft, failures_logged=False) == "online_rl"
+    assert next_stage(sft, failures_logged=True) == "offline_rl"
+    assert next_stage(DaemonState(sft_checkpoint="x", offline_done=True), True) == "online_rl"
+    assert not is_due(sft, 9, 130.0, config) and is_due(sft, 10, 130.0, config)  # N new episodes ...
+    assert not is_due(sft, 3, 1000.0, config) and is_due(sft, 4, 161.0, config)  # ... or T minutes with a few
+
+
+def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):
+    settings = stack.settings
+    recipe = tmp_path / "tiny.json"
+    recipe.write_text(json.dumps(TINY_RECIPE))
+    log = Log(settings.tables_dir)
+    for seed in range(12):
+        log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
+    config = DaemonConfig(recipe=str(recipe), every_episodes=8, min_new_episodes=4, poll_s=0.2, offline_steps=4,
+                          max_versions=1)  # fmt: skip
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft"]
+    assert latest_by_channel(settings)["stable"].version == state.version
+
+    # The fleet's sampled rollouts of the SFT version: 4 per seed, so each seed is a group.
+    runtime = VLARuntime(resolve_model(state.version, settings.artifacts_dir)[0], keep_ratio=1.0)
+    rng = np.random.default_rng(0)
+
+    def rollouts(seeds, prefix):
+        for seed in seeds:
+            image, (x0, y0, x1, y1) = box(seed)
+            for g in range(4):
+                gen, _ = runtime.step(image, "Click the box.", None, Sampling(temperature=1.5), rng)
+                a = runtime.tok.parse(gen.ids).action
+                hit = a.type == "click" and x0 <= a.x <= x1 and y0 <= a.y <= y1
+                log.episode(f"{prefix}-{seed}-{g}", seed, a, hit, state.version, gen.ids, gen.token_logprobs)
+
+    rollouts(range(100, 104), "r1")
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft", "offline_rl"]
+    rollouts(range(200, 204), "r2")
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft", "offline_rl", "online_rl"]
+    assert state.versions[-1]["fresh_episodes"] >= 16
+    assert DaemonState.load(settings.data_dir / "learner" / "daemon" / "state.json") == state  # resumable
+
+
+def box_center(seed: int) -> tuple[float, float]:
+    _, (x0, y0, x1, y1) = box(seed)
+    return (x0 + x1) / 2, (y0 + y1) / 2
+
+
+def test_no_tables_no_training(stack):
+    state = run_daemon(stack.settings, DaemonConfig(poll_s=0.1, stop_after_s=0.5))
+    assert state.versions == []
