@@ -1,4 +1,7 @@
-"""One learner run: read Delta, train the VLA by SFT (warm-started from the previous version), publish."""
+"""One learner run: read Delta, train the VLA by SFT (warm-started from the previous version), publish.
+
+Under `torchrun --nproc_per_node P -m flywheel.cli learn ...` the SFT is data-parallel (learner.distributed)
+and rank 0 alone exports and publishes."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pathlib import Path
 from core.metrics import await_scrape
 from core.settings import Settings
 from lake.pins import pinned
-from learner import metrics
+from learner import distributed, metrics
 from learner.config import LearnConfig
 from learner.data import load_samples, table_versions
 from learner.publish import publish_artifact
@@ -53,6 +56,8 @@ def _learn_at(settings: Settings, config: LearnConfig, versions: dict[str, int],
     recipe = config.recipe
     result = train_vla(frame, recipe.train, work_dir, model_config=recipe.model, pruning=recipe.pruning,
                        vocab_size=recipe.vocab_size, init_checkpoint=resume, progress=on_progress)  # fmt: skip
+    if not distributed.is_main():  # under torchrun: one process exports and publishes
+        return {"rank": distributed.world()[0], "steps": result.steps}
     bundle = export_bundle(result.model, result.tokenizer, result.pruning, work_dir / "model.vla")
     event = publish_artifact(
         bundle, settings, stage="sft", parent=parent, lineage=versions,
