@@ -17,6 +17,7 @@ WORK/table.md and WORK/curves.png (success vs training steps, and vs demonstrati
 
 from __future__ import annotations
 
+import glob
 import json
 import time
 from dataclasses import dataclass, replace
@@ -42,6 +43,10 @@ class ExperimentConfig:
     """Comma-separated arm names to run (empty: all); the table still shows every arm already evaluated."""
     episodes: int = 50
     """Evaluation episodes per task (50 or more for a reported figure)."""
+    checkpoints: str = ""
+    """A glob of training checkpoints (e.g. 'runs/release/train/snapshots/*.pt'): instead of training arms,
+    evaluate each on the experiment's tasks, the steps curve of a run that already happened
+    (WORK/checkpoints/, table.md, curves.png)."""
     diagnose: str = ""
     """A task: instead of training, report for every arm trained to its last step how often, on that task's
     first 40 eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and
@@ -73,11 +78,8 @@ def run_arm(
     arm: dict, base: dict, frame: pl.DataFrame, tasks: tuple[str, ...], work: Path, episodes: int
 ) -> list[dict]:
     """Train one arm up to each of its eval_at steps and evaluate there; returns its evaluations in step order."""
-    from edge_client.evaluate import evaluate
     from learner.config import VLARecipe
-    from learner.vla_export import export_bundle
     from learner.vla_sft import train_vla
-    from policy.runtime import VLAPolicy
 
     recipe = VLARecipe.from_dict(merged(base, arm))
     fraction = float(arm.get("fraction", 1.0))
@@ -103,23 +105,64 @@ def run_arm(
             "last_loss": result.losses[-1] if result.losses else None,
         }
         timing_path.write_text(json.dumps(timing))
-        bundle = export_bundle(result.model, result.tokenizer, result.pruning, out / f"model-{step}.vla")
-        policy = VLAPolicy(bundle, f"{arm['name']}@{step}")
-        t0 = time.monotonic()
-        report = evaluate(lambda _task, policy=policy: policy, tasks, episodes, seed=EVAL_SEED)
-        entry = {
-            "arm": arm["name"], "step": step, "fraction": fraction, "group": arm.get("group", arm["name"]),
-            "demo_episodes": data["episode_id"].n_unique(), "demo_steps": data.height,
-            "batch_size": recipe.train.batch_size, "train_wall_s": round(timing["wall_s"], 1),
-            "train_cpu_s": round(timing["cpu_s"], 1), "parameters": timing["parameters"],
-            "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
-            "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
-            "mean": report["mean_success_rate"],
-        }  # fmt: skip
-        eval_path.write_text(json.dumps(entry, indent=2))
-        say(f"arm {arm['name']} @ {step}: mean {entry['mean']:.3f}")
+        meta = {"arm": arm["name"], "step": step, "fraction": fraction, "group": arm.get("group", arm["name"]),
+                "demo_episodes": data["episode_id"].n_unique(), "demo_steps": data.height,
+                "batch_size": recipe.train.batch_size, "train_wall_s": round(timing["wall_s"], 1),
+                "train_cpu_s": round(timing["cpu_s"], 1), "parameters": timing["parameters"]}  # fmt: skip
+        entry = evaluate_model(result.model, result.tokenizer, result.pruning, meta, tasks, episodes, out)
         results.append(entry)
     return results
+
+
+def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int, out: Path) -> dict:
+    """Export `model` to OUT/model-<step>.vla, evaluate it on the held-out seeds, write OUT/eval-<step>.json.
+
+    `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest."""
+    from edge_client.evaluate import evaluate
+    from learner.vla_export import export_bundle
+    from policy.runtime import VLAPolicy
+
+    step = meta["step"]
+    bundle = export_bundle(model, tok, pruning, out / f"model-{step}.vla")
+    policy = VLAPolicy(bundle, f"{meta['arm']}@{step}")
+    t0 = time.monotonic()
+    report = evaluate(lambda _task, policy=policy: policy, tasks, episodes, seed=EVAL_SEED)
+    entry = {
+        **meta, "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
+        "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
+        "mean": report["mean_success_rate"],
+    }  # fmt: skip
+    (out / f"eval-{step}.json").write_text(json.dumps(entry, indent=2))
+    say(f"arm {meta['arm']} @ {step}: mean {entry['mean']:.3f}")
+    return entry
+
+
+def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, work: Path) -> list[dict]:
+    """The steps curve of a run that already happened: each training checkpoint matching `pattern` (e.g. a
+    release's snapshots) evaluated like an arm, into WORK/checkpoints/eval-<step>.json (resumable)."""
+    import torch
+
+    from learner.vla_sft import load_vla
+
+    out = work / "checkpoints"
+    out.mkdir(parents=True, exist_ok=True)
+    by_step = {}
+    for path in sorted(Path(p) for p in glob.glob(pattern)):
+        by_step[int(torch.load(path, map_location="cpu", weights_only=True)["step"])] = path
+    if not by_step:
+        raise ValueError(f"no checkpoints match {pattern!r}")
+    entries = []
+    for step, path in sorted(by_step.items()):
+        done = out / f"eval-{step}.json"
+        if done.exists():
+            entries.append(json.loads(done.read_text()))
+            continue
+        model, tok, pruning = load_vla(path)
+        meta = {"arm": "checkpoints", "step": step, "fraction": 1.0, "group": "checkpoints", "checkpoint": str(path),
+                "demo_episodes": 0, "demo_steps": 0, "train_wall_s": 0.0, "train_cpu_s": 0.0,
+                "parameters": model.num_parameters()}  # fmt: skip
+        entries.append(evaluate_model(model, tok, pruning, meta, tasks, episodes, out))
+    return entries
 
 
 def _report(p) -> None:  # learner.vla_sft.VLAProgress
@@ -219,6 +262,13 @@ def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
                 f"{d['relevance_top5']:.2f}; decoded click in the target patch {d['click_in_target_patch']:.2f}"
             )
         return found
+    if config.checkpoints:
+        entries = evaluate_checkpoints(config.checkpoints, parse_tasks(spec["tasks"]), config.episodes, config.work)
+        (config.work / "checkpoints" / "results.json").write_text(json.dumps({"results": entries}, indent=2))
+        (config.work / "checkpoints" / "table.md").write_text(table(entries) + "\n")
+        plot_curves(config.work / "checkpoints" / "curves.png", entries)
+        print(table(entries))
+        return entries
     source = json.loads(Path(spec["demonstrations_from"]).read_text())
     collections = release_demonstrations(source, Path(spec["demonstrations_work"]), settings)
     tasks = parse_tasks(spec["tasks"])

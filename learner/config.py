@@ -59,6 +59,9 @@ class VLATrainConfig:
     """Report progress every this many steps (and at the end)."""
     checkpoint_every: int = 100
     """Write the checkpoint every this many steps (and at the end)."""
+    snapshot_every: int = 0
+    """Also keep the checkpoint of every this many steps as OUT/snapshots/step-N.pt (0: none): what a steps
+    curve is evaluated from afterwards (`flywheel experiment --checkpoints`)."""
     progress_bar: bool = True
     """Show a tqdm progress bar on stderr when it is a terminal (a log file gets the periodic progress lines)."""
 

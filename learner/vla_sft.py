@@ -324,6 +324,10 @@ def train_vla(
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok=f"{token_nll.item():.3f}", rel=f"{relevance_nll.item():.2f}")
         if config.checkpoint_every and done % config.checkpoint_every == 0 and distributed.is_main():
             save_checkpoint(ckpt_path, model, tok, optimizer, done, config, pruning, rng.bit_generator.state)
+        if config.snapshot_every and done % config.snapshot_every == 0 and distributed.is_main():
+            (out / "snapshots").mkdir(exist_ok=True)
+            snapshot = out / "snapshots" / f"step-{done}.pt"
+            save_checkpoint(snapshot, model, tok, optimizer, done, config, pruning, rng.bit_generator.state)
         if progress is not None and (done % config.log_every == 0 or done == config.steps):
             rate = len(losses) * config.batch_size / max(time.perf_counter() - t0, 1e-9)
             progress(VLAProgress(done, config.steps, losses[-1], token_nll.item(), relevance_nll.item(), lr, rate))

@@ -60,3 +60,31 @@ def test_an_unknown_arm_is_refused(tmp_path, monkeypatch):
     (tmp_path / "e.json").write_text(json.dumps(spec))
     with pytest.raises(ValueError, match=r"no arms named \['pach'\]"):
         run_experiment(ExperimentConfig(config=tmp_path / "e.json", work=tmp_path / "w", arms="pach"), Settings())
+
+
+@pytest.mark.browser
+def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, monkeypatch):
+    import numpy as np
+
+    import flywheel.experiment as experiment
+    from learner.config import VLATrainConfig
+    from learner.vla_sft import train_vla
+    from policy.screen import encode_png
+
+    image = encode_png(np.full((210, 160, 3), 255, dtype=np.uint8))
+    frame = pl.DataFrame([dict(episode_id=f"e{i}", step=0, task="click-test", instruction="Click the button.",
+                               screenshot=image, thought="Click.", action_type="click", x=80.0, y=105.0, text="",
+                               key="") for i in range(4)])  # fmt: skip
+    train = VLATrainConfig(steps=8, batch_size=4, warmup_steps=1, snapshot_every=4, checkpoint_every=0,
+                           keep_ratios=(1.0,), progress_bar=False)  # fmt: skip
+    train_vla(frame, train, tmp_path / "run", model_config={"stem_channels": 8, "d_model": 32, "n_layers": 1,
+                                                            "n_heads": 2, "d_ff": 64}, vocab_size=260)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir()) == ["step-4.pt", "step-8.pt"]
+    entries = experiment.evaluate_checkpoints(str(tmp_path / "run/snapshots/*.pt"), ("click-test",), 2, tmp_path)
+    assert [e["step"] for e in entries] == [4, 8] and all(0.0 <= e["mean"] <= 1.0 for e in entries)
+    monkeypatch.setattr(experiment, "evaluate_model", lambda *a: pytest.fail("evaluated twice"))
+    assert (
+        experiment.evaluate_checkpoints(str(tmp_path / "run/snapshots/*.pt"), ("click-test",), 2, tmp_path) == entries
+    )
+    with pytest.raises(ValueError, match="no checkpoints"):
+        experiment.evaluate_checkpoints(str(tmp_path / "none/*.pt"), ("click-test",), 2, tmp_path)
