@@ -17,7 +17,6 @@ Checkpointed and resumable like SFT (learner.vla_sft).
 from __future__ import annotations
 
 import copy
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +29,7 @@ from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss
 from learner.vla import VLA
-from learner.vla_sft import (
-    CHECKPOINT_NAME,
-    VLADataset,
-    VLAResult,
-    load_vla,
-    lr_at,
-    merge_lora,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from learner.vla_sft import VLADataset, VLAResult, load_vla, lr_at, open_run
 from policy.pruning import keep_count
 
 # Beyond learner.data.SFT_COLUMNS: what the offline stage reads of each logged step.
@@ -111,20 +101,10 @@ def train_offline_rl(
     """Offline RL from the SFT checkpoint `init_checkpoint` on `frame` (SFT_COLUMNS + ROLLOUT_COLUMNS).
 
     Resumes from out_dir's checkpoint; `stop_at`: checkpoint and return after this step."""
-    torch.set_num_threads(train.num_threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT_NAME
-    rng = np.random.default_rng(train.seed)
-    reference, tok, pruning = load_vla(init_checkpoint)
+    reference, sft_tok, sft_pruning = load_vla(init_checkpoint)  # frozen: the DPO term's reference
     reference.requires_grad_(False)
-    start_step, state = 0, None
-    if ckpt_path.exists():
-        model, tok, pruning, state = resume_checkpoint(ckpt_path, train)
-        start_step = int(state["step"])
-        rng.bit_generator.state = state["rng"]
-    else:
-        model = copy.deepcopy(reference).requires_grad_(True)
+    run = open_run(out_dir, train, lambda: (copy.deepcopy(reference).requires_grad_(True), sft_tok, sft_pruning))
+    model, tok, pruning, rng, optimizer = run.model, run.tok, run.pruning, run.rng, run.optimizer
     frame = frame.sort("episode_id", "step")  # the dataset's row order
     data = VLADataset(frame, tok, model.cfg, pruning)
     weights = torch.from_numpy(frame["weight"].to_numpy().astype(np.float32)) * awr_weights(
@@ -135,15 +115,12 @@ def train_offline_rl(
         rows_of[episode].append(i)
     pairs = preference_pairs(frame) if rl.dpo_weight > 0 else []
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
 
     losses: list[float] = []
     model.train()
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    run.begin()
     end = train.steps if stop_at is None else min(stop_at, train.steps)
-    for step in range(start_step, end):
+    for step in range(run.start_step, end):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train)
         idx = rng.integers(0, len(data), size=train.batch_size)
@@ -173,10 +150,5 @@ def train_offline_rl(
         losses.append(total.item())
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0:
-            save_checkpoint(ckpt_path, model, tok, optimizer, done, train, pruning, rng.bit_generator.state)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    steps = max(end, start_step)
-    save_checkpoint(ckpt_path, model, tok, optimizer, steps, train, pruning, rng.bit_generator.state)
-    return VLAResult(ckpt_path, merge_lora(model).eval(), tok, pruning, start_step, steps,
-                     losses, len(losses) * train.batch_size / max(wall, 1e-9), wall, cpu,
-                     model.num_parameters())  # fmt: skip
+            run.save(done)
+    return run.finish(max(end, run.start_step), losses)

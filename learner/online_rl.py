@@ -18,7 +18,6 @@ updates. Groups whose rollouts all scored alike carry no advantage and are skipp
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,15 +29,7 @@ import torch
 from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import databc_loss, group_advantages, guidance_beta, kl_to_reference, ppo_clip_loss
-from learner.vla_sft import (
-    CHECKPOINT_NAME,
-    VLADataset,
-    VLAResult,
-    load_vla,
-    merge_lora,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from learner.vla_sft import VLADataset, VLAResult, load_vla, open_run
 from policy.pruning import keep_count
 
 Guidance = Literal["none", "refkl", "databc"]
@@ -104,18 +95,8 @@ def ppo_update(
     reference (RefKL) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS) feed DataBC."""
     if rl.guidance == "databc" and (demos is None or demos.is_empty()):
         raise ValueError("DataBC guidance needs demonstrations")
-    torch.set_num_threads(train.num_threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT_NAME
-    rng = np.random.default_rng(train.seed)
-    start_step, state = 0, None
-    if ckpt_path.exists():
-        model, tok, pruning, state = resume_checkpoint(ckpt_path, train)
-        start_step = int(state["step"])
-        rng.bit_generator.state = state["rng"]
-    else:
-        model, tok, pruning = load_vla(start_checkpoint)
+    run = open_run(out_dir, train, lambda: load_vla(start_checkpoint))
+    model, tok, pruning, rng, optimizer = run.model, run.tok, run.pruning, run.rng, run.optimizer
     reference = None
     if rl.guidance == "refkl":
         reference, _, _ = load_vla(reference_checkpoint)
@@ -125,14 +106,11 @@ def ppo_update(
     demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance == "databc" else None
     advantages = torch.from_numpy(episode_group_advantages(rollouts)).float()  # (M,)
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
 
     losses: list[float] = []
-    step = start_step
+    step = run.start_step
     model.train()
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    run.begin()
     informative = np.flatnonzero(advantages.numpy() != 0)  # steps of groups whose rollouts differ
     for _ in range(rl.epochs if len(informative) else 0):
         for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // train.batch_size)):
@@ -158,7 +136,4 @@ def ppo_update(
             optimizer.step()
             losses.append(total.item())
             step += 1
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    save_checkpoint(ckpt_path, model, tok, optimizer, step, train, pruning, rng.bit_generator.state)
-    return VLAResult(ckpt_path, merge_lora(model).eval(), tok, pruning, start_step, step, losses,
-                     len(losses) * train.batch_size / max(wall, 1e-9), wall, cpu, model.num_parameters())  # fmt: skip
+    return run.finish(step, losses)

@@ -248,6 +248,84 @@ def load_vla(path: str | Path) -> tuple[VLA, ActionTokenizer, PruningConfig]:
     return merge_lora(model).eval(), ActionTokenizer.from_json(state["tokenizer"]), PruningConfig(**state["pruning"])
 
 
+@dataclass
+class TrainingRun:
+    """One resumable training run in its directory: the model it continues, its seeded sampler, its optimizer
+    and step; every stage (SFT, offline RL, online RL) trains through one."""
+
+    out: Path
+    config: VLATrainConfig
+    model: VLA
+    tok: ActionTokenizer
+    pruning: PruningConfig
+    rng: np.random.Generator
+    optimizer: torch.optim.Optimizer
+    start_step: int
+    started_wall: float = field(default_factory=time.perf_counter)
+    started_cpu: float = field(default_factory=time.process_time)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out / CHECKPOINT_NAME
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def begin(self) -> None:
+        """Start the clocks (after the data is loaded: the figures are of training alone)."""
+        self.started_wall, self.started_cpu = time.perf_counter(), time.process_time()
+
+    def save(self, step: int, path: Path | None = None) -> None:
+        """Checkpoint at `step` (rank 0 only under torchrun), to the run's checkpoint or `path`."""
+        if distributed.is_main():
+            (path or self.checkpoint_path).parent.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(path or self.checkpoint_path, self.model, self.tok, self.optimizer, step, self.config,
+                            self.pruning, self.rng.bit_generator.state)  # fmt: skip
+
+    def finish(self, steps: int, losses: list[float]) -> VLAResult:
+        """The final checkpoint, and the trained model (LoRA merged, eval mode) with the run's figures."""
+        wall, cpu = time.perf_counter() - self.started_wall, time.process_time() - self.started_cpu
+        self.save(steps)
+        distributed.barrier()
+        return VLAResult(
+            checkpoint_path=self.checkpoint_path,
+            model=merge_lora(self.model).eval(),
+            tokenizer=self.tok,
+            pruning=self.pruning,
+            start_step=self.start_step,
+            steps=steps,
+            losses=losses,
+            samples_per_s=len(losses) * self.config.batch_size / max(wall, 1e-9),
+            wall_s=wall,
+            cpu_s=cpu,
+            num_parameters=self.model.num_parameters(),
+        )
+
+
+def open_run(
+    out_dir: str | Path, config: VLATrainConfig, start: Callable[[], tuple[VLA, ActionTokenizer, PruningConfig]]
+) -> TrainingRun:
+    """Continue the run in out_dir from its checkpoint (model, optimizer, sampler, step), or begin one from
+    `start()` (a fresh or loaded model, its tokenizer and pruning) with a fresh optimizer."""
+    torch.set_num_threads(config.num_threads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(config.seed)
+    state = None
+    if (out / CHECKPOINT_NAME).exists():
+        model, tok, pruning, state = resume_checkpoint(out / CHECKPOINT_NAME, config)
+        rng.bit_generator.state = state["rng"]
+    else:
+        model, tok, pruning = start()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    step = int(state["step"]) if state is not None else 0
+    return TrainingRun(out, config, model, tok, pruning, rng, optimizer, step)
+
+
 def train_vla(
     frame: pl.DataFrame,
     config: VLATrainConfig,
@@ -267,41 +345,31 @@ def train_vla(
     on the frame. Seeded: the same frame and config give the same weights, whether or not the run was
     interrupted. `stop_at`: checkpoint and return after this step (a run sliced across sessions).
     """
-    torch.set_num_threads(config.num_threads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT_NAME
-    rng = np.random.default_rng(config.seed)
-    start_step, state = 0, None
-    if ckpt_path.exists():
-        model, tok, pruning, state = resume_checkpoint(ckpt_path, config)
-        start_step = int(state["step"])
-        rng.bit_generator.state = state["rng"]
-    elif init_checkpoint is not None:
-        model, tok, pruning = load_vla(init_checkpoint)
+
+    def fresh() -> tuple[VLA, ActionTokenizer, PruningConfig]:
+        if init_checkpoint is not None:
+            model, tok, start_pruning = load_vla(init_checkpoint)
+        else:
+            torch.manual_seed(config.seed)
+            tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=vocab_size)
+            start_pruning = pruning or PruningConfig()
+            model = VLA(VLAConfig(**{**(model_config or {}), "vocab_size": tok.vocab_size, "bin_px": tok.bin_px}))
         if config.lora_rank:
             apply_lora(model, config.lora_rank, config.lora_alpha)
-    else:
-        torch.manual_seed(config.seed)
-        tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=vocab_size)
-        pruning = pruning or PruningConfig()
-        model = VLA(VLAConfig(**{**(model_config or {}), "vocab_size": tok.vocab_size, "bin_px": tok.bin_px}))
-        if config.lora_rank:
-            apply_lora(model, config.lora_rank, config.lora_alpha)
-    data = VLADataset(frame, tok, model.cfg, pruning)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        return model, tok, start_pruning
+
+    run = open_run(out_dir, config, fresh)
+    model, tok, rng, optimizer = run.model, run.tok, run.rng, run.optimizer
+    data = VLADataset(frame, tok, model.cfg, run.pruning)
 
     losses: list[float] = []
     model.train()
     net = distributed.wrap(model)  # the model itself outside torchrun
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    bar = tqdm(total=config.steps, initial=start_step, desc="vla sft", file=sys.stderr,
+    run.begin()
+    bar = tqdm(total=config.steps, initial=run.start_step, desc="vla sft", file=sys.stderr,
                disable=not (config.progress_bar and sys.stderr.isatty()))  # fmt: skip
     end = config.steps if stop_at is None else min(stop_at, config.steps)
-    for step in range(start_step, end):
+    for step in range(run.start_step, end):
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -316,37 +384,18 @@ def train_vla(
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(run.trainable, config.grad_clip)
         optimizer.step()
         losses.append(total.item())
         done = step + 1
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok=f"{token_nll.item():.3f}", rel=f"{relevance_nll.item():.2f}")
-        if config.checkpoint_every and done % config.checkpoint_every == 0 and distributed.is_main():
-            save_checkpoint(ckpt_path, model, tok, optimizer, done, config, pruning, rng.bit_generator.state)
-        if config.snapshot_every and done % config.snapshot_every == 0 and distributed.is_main():
-            (out / "snapshots").mkdir(exist_ok=True)
-            snapshot = out / "snapshots" / f"step-{done}.pt"
-            save_checkpoint(snapshot, model, tok, optimizer, done, config, pruning, rng.bit_generator.state)
+        if config.checkpoint_every and done % config.checkpoint_every == 0:
+            run.save(done)
+        if config.snapshot_every and done % config.snapshot_every == 0:
+            run.save(done, run.out / "snapshots" / f"step-{done}.pt")
         if progress is not None and (done % config.log_every == 0 or done == config.steps):
-            rate = len(losses) * config.batch_size / max(time.perf_counter() - t0, 1e-9)
+            rate = len(losses) * config.batch_size / max(time.perf_counter() - run.started_wall, 1e-9)
             progress(VLAProgress(done, config.steps, losses[-1], token_nll.item(), relevance_nll.item(), lr, rate))
     bar.close()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    steps = max(end, start_step)
-    if distributed.is_main():
-        save_checkpoint(ckpt_path, model, tok, optimizer, steps, config, pruning, rng.bit_generator.state)
-    distributed.barrier()
-    return VLAResult(
-        checkpoint_path=ckpt_path,
-        model=merge_lora(model).eval(),
-        tokenizer=tok,
-        pruning=pruning,
-        start_step=start_step,
-        steps=steps,
-        losses=losses,
-        samples_per_s=len(losses) * config.batch_size / max(wall, 1e-9),
-        wall_s=wall,
-        cpu_s=cpu,
-        num_parameters=model.num_parameters(),
-    )
+    return run.finish(max(end, run.start_step), losses)
