@@ -178,8 +178,11 @@ def table(entries: list[dict]) -> str:
              "|---" * (len(tasks) + 6) + "|"]  # fmt: skip
     for e in entries:
         cells = " | ".join(f"{e['tasks'][t]:.2f}" for t in tasks)
-        lines.append(f"| {e['arm']} | {e['step']} | {e['demo_episodes']} | {cells} | **{e['mean']:.3f}** | "
-                     f"{e['train_wall_s'] / 60:.1f} min | {e['parameters'] / 1e6:.2f} M |")  # fmt: skip
+        # A finished run's checkpoints (--checkpoints) know neither their data nor their training time.
+        episodes = e["demo_episodes"] or "-"
+        wall = f"{e['train_wall_s'] / 60:.1f} min" if e["train_wall_s"] else "-"
+        lines.append(f"| {e['arm']} | {e['step']} | {episodes} | {cells} | **{e['mean']:.3f}** | {wall} | "
+                     f"{e['parameters'] / 1e6:.2f} M |")  # fmt: skip
     return "\n".join(lines)
 
 
