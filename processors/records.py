@@ -76,9 +76,8 @@ def episode_records(
     `history(tasks)`: the `episodes` table's rows of those tasks (processors.curation.HISTORY_COLUMNS),
     what curation judges each episode against; None: no history (a fresh table)."""
     episodes, samples, dead = [], [], []
-    decoded: list[tuple[object, EpisodeEvent]] = []
+    decoded: list[tuple[object, EpisodeEvent | None]] = []
     for message in messages:
-        at = (message.topic, message.partition, message.offset)
         try:
             decoded.append((message, decode_event(message.value, expect=EpisodeEvent)))
         except EventDecodeError as error:
