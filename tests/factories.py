@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+import numpy as np
 
 from schemas import Action, StepEvent, Verify, new_event_id
 
@@ -88,3 +89,13 @@ def v1_step_bytes(step: StepEvent) -> bytes:
     """`step` as a v1 client encoded it: the same fields, without termination and seed."""
     fields = {name: getattr(step, name) for name in StepEventV1.__struct_fields__ if name != "schema_version"}
     return msgspec.msgpack.encode(StepEventV1(**fields))
+
+
+def box_screen(seed: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """A white screen with one 30 px blue box at a seeded place, and the box (x0, y0, x1, y1): a synthetic
+    click task for the learner's tests (no browser)."""
+    rng = np.random.default_rng(seed)
+    image = np.full((210, 160, 3), 255, dtype=np.uint8)
+    y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
+    image[y : y + 30, x : x + 30] = (30, 80, 200)
+    return image, (x, y, x + 30, y + 30)

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import torch
 
 from policy.screen import encode_png
+from tests.factories import box_screen
 
 SCRIPT = """
 import hashlib, json, os, sys
@@ -35,10 +35,7 @@ with open(os.path.join(sys.argv[2], f"rank-{rank}.json"), "w") as f:
 def box_frame(n: int) -> pl.DataFrame:
     rows = []
     for seed in range(n):
-        rng = np.random.default_rng(seed)
-        image = np.full((210, 160, 3), 255, dtype=np.uint8)
-        y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
-        image[y : y + 30, x : x + 30] = (30, 80, 200)
+        image, (x, y, _, _) = box_screen(seed)
         rows.append(dict(episode_id=f"e{seed}", step=0, task="click-box", instruction="Click the box.",
                          screenshot=encode_png(image), thought="Click the box.", action_type="click", x=x + 15.0,
                          y=y + 15.0, text="", key=""))  # fmt: skip

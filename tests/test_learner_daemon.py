@@ -19,20 +19,13 @@ from processors.rows import episode_row, sample_rows, step_row
 from registry.store import resolve_model
 from schemas import Action, EpisodeEvent, StepEvent, Verify
 from streams.model_versions import latest_by_channel
+from tests.factories import box_screen
 
 TINY_RECIPE = {"seed": 0, "vocab_size": 300,
                "model": {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128},
                "pruning": {"keep_ratio": 1.0},
                "train": {"steps": 20, "batch_size": 8, "lr": 0.003, "warmup_steps": 3, "keep_ratios": [1.0],
                          "checkpoint_every": 0}}  # fmt: skip
-
-
-def box(seed: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
-    rng = np.random.default_rng(seed)
-    image = np.full((210, 160, 3), 255, dtype=np.uint8)
-    y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
-    image[y : y + 30, x : x + 30] = (30, 80, 200)
-    return image, (x, y, x + 30, y + 30)
 
 
 class Log:
@@ -43,7 +36,7 @@ class Log:
         self.offset = 0
 
     def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=()):
-        image, _ = box(seed)
+        image, _ = box_screen(seed)
         now = time.time()
         step = StepEvent(event_id=f"s-{name}", client_id="c0", produced_at=now, episode_id=name, step=0,
                          task="click-box", instruction="Click the box.", screenshot=encode_png(image),
@@ -95,7 +88,7 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
 
     def rollouts(seeds, prefix):
         for seed in seeds:
-            image, (x0, y0, x1, y1) = box(seed)
+            image, (x0, y0, x1, y1) = box_screen(seed)
             for g in range(4):
                 gen, _ = runtime.step(image, "Click the box.", None, Sampling(temperature=1.5), rng)
                 a = runtime.tok.parse(gen.ids).action
@@ -113,7 +106,7 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
 
 
 def box_center(seed: int) -> tuple[float, float]:
-    _, (x0, y0, x1, y1) = box(seed)
+    _, (x0, y0, x1, y1) = box_screen(seed)
     return (x0 + x1) / 2, (y0 + y1) / 2
 
 

@@ -17,18 +17,11 @@ from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
 from policy.screen import encode_png
+from tests.factories import box_screen
 
 TINY = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
 INSTRUCTION = "Click the box."
 GROUP = 4  # rollouts per seed
-
-
-def box_screen(seed: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
-    rng = np.random.default_rng(seed)
-    image = np.full((210, 160, 3), 255, dtype=np.uint8)
-    y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
-    image[y : y + 30, x : x + 30] = (30, 80, 200)
-    return image, (x, y, x + 30, y + 30)
 
 
 def sft_row(seed: int) -> dict:
