@@ -27,7 +27,7 @@ import torch
 
 from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss
+from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss, episode_advantages
 from learner.vla import VLA
 from learner.vla_sft import VLADataset, VLAResult, load_vla, lr_at, open_run
 from policy.pruning import keep_count
@@ -54,14 +54,7 @@ class OfflineRLConfig:
 
 def step_advantages(frame: pl.DataFrame) -> np.ndarray:
     """(M,) each step's episode advantage: its score minus the mean score of its task's episodes."""
-    episodes = frame.unique("episode_id", keep="first", maintain_order=True).select("episode_id", "task", "score")
-    tasks = {t: i for i, t in enumerate(sorted(set(episodes["task"].to_list())))}
-    adv = baseline_advantages(
-        torch.tensor(episodes["score"].to_list(), dtype=torch.float64),
-        torch.tensor([tasks[t] for t in episodes["task"].to_list()]),
-    )
-    by_episode = dict(zip(episodes["episode_id"].to_list(), adv.tolist(), strict=True))
-    return np.array([by_episode[e] for e in frame["episode_id"].to_list()])
+    return episode_advantages(frame, "score", ["task"], baseline_advantages)
 
 
 def preference_pairs(frame: pl.DataFrame) -> list[tuple[str, str]]:

@@ -28,7 +28,14 @@ import torch
 
 from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.rl_losses import databc_loss, group_advantages, guidance_beta, kl_to_reference, ppo_clip_loss
+from learner.rl_losses import (
+    databc_loss,
+    episode_advantages,
+    group_advantages,
+    guidance_beta,
+    kl_to_reference,
+    ppo_clip_loss,
+)
 from learner.vla_sft import VLADataset, VLAResult, load_vla, open_run
 from policy.pruning import keep_count
 
@@ -57,14 +64,7 @@ class OnlineRLConfig:
 
 def episode_group_advantages(frame: pl.DataFrame) -> np.ndarray:
     """(M,) each step's advantage: its episode's success (1/0) standardised within its (task, seed) group."""
-    episodes = frame.unique("episode_id", keep="first", maintain_order=True)
-    keys = {k: i for i, k in enumerate(sorted(set(zip(episodes["task"], episodes["seed"], strict=True))))}
-    adv = group_advantages(
-        torch.tensor(episodes["success"].cast(pl.Float64).to_list(), dtype=torch.float64),
-        torch.tensor([keys[k] for k in zip(episodes["task"], episodes["seed"], strict=True)]),
-    )
-    by_episode = dict(zip(episodes["episode_id"].to_list(), adv.tolist(), strict=True))
-    return np.array([by_episode[e] for e in frame["episode_id"].to_list()])
+    return episode_advantages(frame, "success", ["task", "seed"], group_advantages)
 
 
 def behaviour_logprobs(frame: pl.DataFrame, labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:

@@ -16,6 +16,10 @@ action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +49,23 @@ def baseline_advantages(returns: torch.Tensor, groups: torch.Tensor) -> torch.Te
     _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
     means = torch.zeros(len(counts), dtype=returns.dtype).index_add_(0, inverse, returns) / counts
     return returns - means[inverse]
+
+
+def episode_advantages(
+    frame: pl.DataFrame,
+    reward: str,
+    group_by: list[str],
+    advantage: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> np.ndarray:
+    """(M,) each step of `frame` gets its episode's advantage: `advantage(rewards (E,), group ids (E,))` over
+    the frame's episodes (one reward each, from column `reward`), grouped by the columns `group_by`."""
+    episodes = frame.unique("episode_id", keep="first", maintain_order=True)
+    keys = list(zip(*(episodes[c].to_list() for c in group_by), strict=True))
+    ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    adv = advantage(torch.tensor(episodes[reward].cast(pl.Float64).to_list(), dtype=torch.float64),
+                    torch.tensor([ids[k] for k in keys]))  # fmt: skip
+    by_episode = dict(zip(episodes["episode_id"].to_list(), adv.tolist(), strict=True))
+    return np.array([by_episode[e] for e in frame["episode_id"].to_list()])
 
 
 def awr_weights(advantages: torch.Tensor, temperature: float, max_weight: float) -> torch.Tensor:
