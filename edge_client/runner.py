@@ -36,7 +36,9 @@ class EdgeConfig:
     tasks: tuple[str, ...] = TIER1_TASKS
     """MiniWoB++ task ids to cycle through."""
     episodes_per_task: int = 10
-    """Episodes run on each task."""
+    """Episodes run on each task (each `repeats` times)."""
+    repeats: int = 1
+    """Runs of each (task, seed) in a row: sampled rollouts of one start state, a GRPO group for the learner."""
     policy: Literal["expert", "model"] = "expert"
     """'expert' (scripted DOM oracles) or 'model' (newest ONNX version from the model-versions topic)."""
     max_steps: int = 10
@@ -47,6 +49,9 @@ class EdgeConfig:
     """Model-versions channel to follow; None: canary for settings.canary_fraction of clients, else stable."""
     wait_for_model_s: float = 120.0
     """With policy='model': how long to wait for a first version before giving up."""
+    bootstrap_expert: bool = False
+    """With policy='model': run the scripted experts until a first version arrives (their episodes are
+    demonstrations) instead of waiting for it; a fleet that starts before its first model never idles."""
     intra_op_threads: int = 1
     """onnxruntime threads (the box is shared)."""
     temperature: float = 0.0
@@ -63,6 +68,9 @@ class EdgeConfig:
     """At exit, how long to wait for the spool to reach Kafka."""
 
 
+ACTING_GAP_S = 0.5  # an episode boundary (swap, reset) shorter than this is not idleness
+
+
 @dataclass
 class RunSummary:
     client_id: str
@@ -71,6 +79,14 @@ class RunSummary:
     per_task: dict[str, dict[str, int]] = field(default_factory=dict)
     model_versions: list[str] = field(default_factory=list)
     unsent: int = 0  # still in the spool at exit (Kafka unreachable); sent by the next run of this client
+    acting: list[list[float]] = field(default_factory=list)  # [start, end] wall-clock spans spent in episodes
+
+    def record_acting(self, start: float, end: float) -> None:
+        """Adds an episode's span, merged with the previous one when they touch (one span per busy stretch)."""
+        if self.acting and start - self.acting[-1][1] <= ACTING_GAP_S:
+            self.acting[-1][1] = end
+        else:
+            self.acting.append([start, end])
 
     def record_episode(self, task: str, success: bool) -> None:
         entry = self.per_task.setdefault(task, {"episodes": 0, "successes": 0})
@@ -104,21 +120,32 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
 
     policies = _policy_source(config, settings)
     env = GuiEnv(config.tasks[0])
-    schedule = ((index, task) for index in range(config.episodes_per_task) for task in config.tasks)
+    if config.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {config.repeats}")
+    schedule = (
+        (index, task, repeat)
+        for index in range(config.episodes_per_task)
+        for task in config.tasks
+        for repeat in range(config.repeats)
+    )
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s is not None else None
     try:
-        for index, task in schedule:
+        for run, (index, task, repeat) in enumerate(schedule):
             if deadline is not None and time.monotonic() > deadline:
                 break
             policy = policies(task)
+            if repeat and not samples(policy, config):
+                continue  # a deterministic policy would only replay the same episode
             if policy.version not in summary.model_versions:
                 summary.model_versions.append(policy.version)
                 metrics.use_model_version(policy.version, config.tasks)
                 await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
             seed = config.seed + index
-            episode_id = f"{config.client_id}-{task}-{seed}-{index}"
+            episode_id = f"{config.client_id}-{task}-{seed}-{run}"
             on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
+            started = time.time()
             result = run_episode(env, policy, task, seed, config.max_steps, on_step)
+            summary.record_acting(started, time.time())
             summary.record_episode(task, result.success)
             metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
     finally:
@@ -179,6 +206,11 @@ def step_publisher(
     return on_step
 
 
+def samples(policy: Policy, config: EdgeConfig) -> bool:
+    """Whether two runs of one seed can differ: a model sampling at a temperature (experts are scripted)."""
+    return policy.version != "expert" and config.temperature > 0
+
+
 def exploration(config: EdgeConfig) -> Sampling:
     """The client's sampler, seeded from its id and seed so a rerun of a client explores alike."""
     return Sampling(config.temperature, config.top_k, seed=zlib.crc32(config.client_id.encode()) + config.seed)
@@ -205,6 +237,14 @@ def _policy_source(config: EdgeConfig, settings: Settings):
         ),
         settings.keys_dir / "trusted" if settings.require_signed_models else None,
     )
+    if config.bootstrap_expert:
+        from edge_client.experts import expert_for
+
+        def current_or_expert(task: str) -> Policy:
+            return swapper.maybe_swap(timeout_ms=100) or expert_for(task)
+
+        return current_or_expert
+
     deadline = time.monotonic() + config.wait_for_model_s
     while swapper.maybe_swap(timeout_ms=500) is None:
         if time.monotonic() > deadline:

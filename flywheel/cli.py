@@ -178,7 +178,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from flywheel.demo import DemoConfig, run_demo
 
     report = run_demo(config_from(args, DemoConfig), get_settings())
-    return 0 if all(t["steps_in_delta"] == t["steps_published"] for t in report["turns"]) else 1
+    phases = report["turns"] + ([report] if report.get("mode") == "continuous" else [])
+    return 0 if all(p["steps_in_delta"] == p["steps_published"] for p in phases) else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
-"""`flywheel demo`: N real turns of the flywheel on this machine.
+"""`flywheel demo`: the flywheel on this machine, turn by turn or continuously.
 
-Turn 1: the fleet runs the scripted experts; their steps flow Kafka -> faust -> Delta; the learner
-trains the first model by SFT and publishes it. Each later turn: the fleet runs the newest model
+Turns (the default): turn 1, the fleet runs the scripted experts; their steps flow Kafka -> faust -> Delta;
+the learner trains the first model by SFT and publishes it. Each later turn: the fleet runs the newest model
 (received over Kafka, checked, hot-swapped), and the learner trains on everything so far.
+
+`--minutes M`: continuous instead (flywheel.continuous): fleet, pipeline and learner daemon side by side.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from core.console import jsonable, say
 from core.settings import TIER1_TASKS, Settings
+from flywheel.continuous import run_continuous, say_summary
 from flywheel.fleet import FleetRun, run_fleet
 from flywheel.observe import demo_observability
 from flywheel.plots import write_plots
@@ -42,6 +45,27 @@ class DemoConfig:
     """Start a local Prometheus (when installed) that scrapes every process; plots and status read it."""
     prometheus_port: int = 0
     """Its port on 127.0.0.1 (0: a free one)."""
+    minutes: float = 0.0
+    """Run continuously for this long instead of in turns: the fleet explores, the learner daemon walks
+    SFT -> offline RL -> online RL and publishes versions as it goes (sft_steps is its SFT stage)."""
+    temperature: float = 0.7
+    """Continuous: the fleet's sampling temperature."""
+    top_k: int = 5
+    """Continuous: the fleet samples among the k likeliest allowed tokens."""
+    repeats: int = 4
+    """Continuous: sampled rollouts per (task, seed), the online RL's groups."""
+    min_demos: int = 96
+    """Continuous: successful expert episodes before the first (SFT) version is trained."""
+    every_episodes: int = 64
+    """Continuous: a new version after this many fresh model episodes ..."""
+    every_minutes: float = 3.0
+    """... or this long, once min_new_episodes arrived."""
+    min_new_episodes: int = 16
+    """Continuous: fewer fresh model episodes than this, no RL update."""
+    offline_steps: int = 100
+    """Continuous: optimizer steps of the offline RL stage."""
+    guidance: str = "refkl"
+    """Continuous: online RL's offline guidance, 'none', 'refkl' or 'databc'."""
 
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:
@@ -61,7 +85,9 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
             say(f"prometheus at {obs.url} (every process, 1 s scrapes); live summary: "
                 f"FLYWHEEL_DATA_DIR={settings.data_dir} FLYWHEEL_TOPIC_PREFIX={settings.topic_prefix} "
                 f"flywheel status --prometheus {obs.url}")  # fmt: skip
-        for turn in range(1, config.turns + 1):
+        if config.minutes > 0:
+            report |= run_continuous(config, stack)
+        for turn in range(1, config.turns + 1 if config.minutes <= 0 else 1):
             report["turns"].append(run_turn(turn, config, stack))
             _write(config.out / "report.json", report, started)
         stack.close()  # the metrics window ends with the run's processes, not after a broker shutdown too
@@ -74,6 +100,8 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     report["wall_s"] = round(time.monotonic() - started, 1)
     _write(config.out / "report.json", report, started)
     say(f"report: {(config.out / 'report.json').resolve()}")
+    if config.minutes > 0:
+        say_summary(report)
     for entry in report["turns"]:
         say(
             f"turn {entry['turn']}: fleet ran {entry['model_version']}, {entry['episodes']} episodes, "

@@ -35,6 +35,8 @@ class FleetRun:
     seed_stride: int = 1_000
     max_steps: int = 10
     drain_timeout_s: float = 300.0
+    edge_args: tuple[str, ...] = ()
+    """More `flywheel edge` flags for every client (sampling, repeats, a time limit)."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,15 @@ class FleetResult:
     per_task: dict
     model_versions: list[str]
     wall_s: float
+    started_at: float
+    """Wall-clock time the clients were launched."""
+    acting: list[list[float]]
+    """Every client's [start, end] spans in episodes (RunSummary.acting), all clients together."""
 
 
 def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
     """The clients run in `stack`, whose worker lands their steps; their summaries go to `out`."""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     settings, worker = stack.settings, stack.worker
     summaries = [out / f"{run.name}-client{k}.json" for k in range(run.clients)]
     clients = [
@@ -65,6 +71,7 @@ def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
                 "--max-steps", str(run.max_steps),
                 "--seed", str(run.seed + k * run.seed_stride),
                 "--summary", str(summaries[k]),
+                *run.edge_args,
             ],
         )
         for k in range(run.clients)
@@ -100,6 +107,8 @@ def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
         per_task=stats["per_task"],
         model_versions=sorted({v for s in client_summaries for v in s["model_versions"]}),
         wall_s=round(time.monotonic() - started, 1),
+        started_at=started_at,
+        acting=[span for s in client_summaries for span in s["acting"]],
     )
 
 

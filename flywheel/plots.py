@@ -2,6 +2,8 @@
 
 * success.png: success rate per task, one bar per turn (labelled with the model version the fleet ran),
   each bar annotated with its episode count.
+* versions.png (continuous runs): the fleet's success over time, a rolling mean over its episodes coloured by
+  the version that ran them, and each version's mean drawn across its stretch, labelled with its stage.
 * pipeline.png: over the run, steps produced at the edge vs rows landed in Delta per second, the
   end-to-end lag of every step (produced -> row written), both from the Delta `steps` table, and the
   consumer lag per sink in records from Prometheus (when the demo ran one).
@@ -21,7 +23,8 @@ def write_plots(out: Path, report: dict, tables_dir: Path, prometheus_url: str |
 
     matplotlib.use("Agg")
     written = []
-    for name, draw in (("success.png", _success), ("pipeline.png", _pipeline)):
+    first = ("versions.png", _versions) if report.get("mode") == "continuous" else ("success.png", _success)
+    for name, draw in (first, ("pipeline.png", _pipeline)):
         path = out / name
         try:
             draw(path, report, tables_dir, prometheus_url)
@@ -67,6 +70,55 @@ def _success(path: Path, report: dict, _tables_dir: Path, _url: str | None) -> N
     ax.set_title("Success per task per turn (n = episodes in Delta)")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _versions(path: Path, report: dict, tables_dir: Path, _url: str | None) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import polars as pl
+
+    from flywheel.continuous import FLEET_PREFIX
+    from lake.tables import EPISODES, table_uri
+
+    episodes = (
+        pl.scan_delta(table_uri(tables_dir, EPISODES))
+        .filter(pl.col("client_id").str.starts_with(FLEET_PREFIX))
+        .select("produced_at", "model_version", "success")
+        .sort("produced_at")
+        .collect()
+    )
+    t0 = (report.get("observability") or {}).get("start") or float(episodes["produced_at"].min())
+    stage = {v["model_version"]: v["stage"] for v in report["versions"]} | {"expert": "experts"}
+    fig, ax = plt.subplots(figsize=(13, 4.8), dpi=110)
+    colors = plt.get_cmap("tab10")
+    order = list(dict.fromkeys(episodes["model_version"].to_list()))
+    models = episodes.filter(pl.col("model_version") != "expert")
+    if models.height >= 10:  # the trend across versions: one rolling mean over every model episode
+        window = min(60, models.height // 3)
+        trend = np.convolve(models["success"].cast(pl.Float64).to_numpy(), np.ones(window) / window, mode="valid")
+        ts = models["produced_at"].to_numpy()[window - 1:] - t0
+        ax.plot(ts, trend, color="black", lw=2, label=f"every model episode, rolling mean of {window}")
+    for k, version in enumerate(order):
+        mine = episodes.filter(pl.col("model_version") == version)
+        ts = mine["produced_at"].to_numpy() - t0
+        wins = mine["success"].cast(pl.Float64).to_numpy()
+        window = max(1, min(40, len(wins) // 3))
+        rolling = np.convolve(wins, np.ones(window) / window, mode="valid")
+        color = colors(k % 10)
+        ax.plot(ts[window - 1 :], rolling, color=color, lw=1, alpha=0.6)
+        ax.hlines(wins.mean(), ts[0], ts[-1], color=color, lw=3,
+                  label=f"{version} ({stage.get(version, '?')}): {wins.mean():.2f}, n={len(wins)}")  # fmt: skip
+    for v in report["versions"]:
+        ax.axvline(v["published_at"] - t0, color="grey", ls=":", lw=1)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("seconds since the demo started (dotted: a version published)")
+    ax.set_ylabel("fleet success (sampled episodes)")
+    ax.set_title(f"Success by version over time; fleet idle {report['fleet_idle_s']} s of {report['run_s']} s")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

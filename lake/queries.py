@@ -24,11 +24,14 @@ def step_count(tables_dir: Path, client_prefix: str = "") -> int:
     return steps.filter(pl.col("client_id").str.starts_with(client_prefix)).select(pl.len()).collect().item()
 
 
-def episode_stats(tables_dir: Path, client_prefix: str = "") -> dict:
-    """{"episodes", "success_rate", "per_task": {task: {"episodes", "success_rate"}}} of matching episodes."""
+def episode_stats(tables_dir: Path, client_prefix: str = "", model_version: str | None = None) -> dict:
+    """{"episodes", "success_rate", "per_task": {task: {"episodes", "success_rate"}}} of matching episodes
+    (of one model version when given)."""
     episodes = scan_table(tables_dir, EPISODES)
     if episodes is None:
         return {"episodes": 0, "success_rate": 0.0, "per_task": {}}
+    if model_version is not None:
+        episodes = episodes.filter(pl.col("model_version") == model_version)
     frame = (
         episodes.filter(pl.col("client_id").str.starts_with(client_prefix))
         .group_by("task")

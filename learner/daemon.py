@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 class DaemonConfig:
     recipe: str = "demo"
     """VLA recipe of the SFT stage: 'demo', 'release' (configs/vla_<name>.json) or a path."""
+    sft_steps: int = 0
+    """Optimizer steps of the SFT stage (0: the recipe's)."""
+    min_demos: int = 20
+    """Successful demonstration episodes in the tables before the first (SFT) version is trained."""
     every_episodes: int = 64
     """Publish after this many new model episodes in the tables ..."""
     every_minutes: float = 5.0
@@ -92,23 +96,37 @@ def next_stage(state: DaemonState, failures_logged: bool) -> str:
     return "online_rl"
 
 
-def is_due(state: DaemonState, new_episodes: int, now: float, config: DaemonConfig) -> bool:
-    """Whether to train and publish now: the first version as soon as there are demonstrations, later ones
+@dataclass(frozen=True)
+class TableCounts:
+    fresh: int  # model episodes produced after the last publish
+    failures_logged: bool  # whether any model failure is logged at all
+    demos: int  # successful expert episodes
+
+
+def is_due(state: DaemonState, counts: TableCounts, now: float, config: DaemonConfig) -> bool:
+    """Whether to train and publish now: the first version once min_demos demonstrations are in, later ones
     after every_episodes fresh episodes, or every_minutes with at least min_new_episodes."""
     if not state.sft_checkpoint:
-        return True
+        return counts.demos >= config.min_demos
+    new_episodes = counts.fresh
     if new_episodes >= config.every_episodes:
         return True
     return new_episodes >= config.min_new_episodes and now - state.last_publish_at >= 60 * config.every_minutes
 
 
-def fresh_model_episodes(tables_dir: Path, since: float) -> tuple[int, bool]:
-    """(model episodes produced after `since`, whether any model failure is logged at all)."""
-    episodes = pl.scan_delta(table_uri(tables_dir, EPISODES)).filter(pl.col("policy") == "model")
-    counts = episodes.select(
-        (pl.col("produced_at") > since).sum().alias("fresh"), (~pl.col("success")).sum().alias("failures")
-    ).collect()
-    return int(counts["fresh"][0] or 0), int(counts["failures"][0] or 0) > 0
+def table_counts(tables_dir: Path, since: float) -> TableCounts:
+    """What the schedule looks at, from the episodes table."""
+    model, expert = pl.col("policy") == "model", pl.col("policy") == "expert"
+    counts = (
+        pl.scan_delta(table_uri(tables_dir, EPISODES))
+        .select(
+            (model & (pl.col("produced_at") > since)).sum().alias("fresh"),
+            (model & ~pl.col("success")).sum().alias("failures"),
+            (expert & pl.col("success")).sum().alias("demos"),
+        )
+        .collect()
+    )
+    return TableCounts(int(counts["fresh"][0] or 0), int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0))
 
 
 def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: DaemonState,
@@ -119,7 +137,8 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     rl_train = replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
     if stage == "sft":
         frame = load_samples(tables, ("demo", "success"), versions)
-        return train_vla(frame, recipe.train, work / f"sft-at-{at}", model_config=recipe.model,
+        sft_train = replace(recipe.train, steps=config.sft_steps) if config.sft_steps else recipe.train
+        return train_vla(frame, sft_train, work / f"sft-at-{at}", model_config=recipe.model,
                          pruning=recipe.pruning, vocab_size=recipe.vocab_size)  # fmt: skip
     if stage == "offline_rl":
         frame = load_rollouts(tables, ("demo", "success", "failure"), versions)
@@ -145,11 +164,11 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         if not _has_tables(settings.tables_dir):
             time.sleep(config.poll_s)
             continue
-        new, failures_logged = fresh_model_episodes(settings.tables_dir, state.last_publish_at)
-        if not is_due(state, new, time.time(), config):
+        counts = table_counts(settings.tables_dir, state.last_publish_at)
+        if not is_due(state, counts, time.time(), config):
             time.sleep(config.poll_s)
             continue
-        stage = next_stage(state, failures_logged)
+        stage = next_stage(state, counts.failures_logged)
         versions = table_versions(settings.tables_dir)
         with pinned(settings.pins_dir, versions):
             metrics.training_started(stage, settings.tables_dir, versions)
@@ -168,7 +187,8 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         # Rollouts produced while this stage trained still count as fresh for the next one.
         state.checkpoint, state.version, state.last_publish_at = str(result.checkpoint_path), event.version, started_at
         state.versions.append({"model_version": event.version, "stage": stage, "published_at": event.produced_at,
-                               "fresh_episodes": new, "train_s": round(event.produced_at - started_at, 1)})  # fmt: skip
+                               "fresh_episodes": counts.fresh,
+                               "train_s": round(event.produced_at - started_at, 1)})  # fmt: skip
         state.save(state_path)
         published_now += 1
         log.warning("published %s (%s) after %.0f s of training", event.version, stage, event.produced_at - started_at)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
-from learner.daemon import DaemonConfig, DaemonState, is_due, next_stage, run_daemon
+from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
 from policy.screen import encode_png
@@ -58,15 +58,20 @@ class Log:
 
 
 def test_the_schedule_follows_the_curriculum():
-    config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4)
-    fresh = DaemonState()
-    assert next_stage(fresh, failures_logged=True) == "sft" and is_due(fresh, 0, 0.0, config)
+    config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4, min_demos=5)
+
+    def fresh(n: int, demos: int = 5) -> TableCounts:
+        return TableCounts(fresh=n, failures_logged=True, demos=demos)
+
+    empty = DaemonState()
+    assert next_stage(empty, failures_logged=True) == "sft"
+    assert not is_due(empty, fresh(0, demos=4), 0.0, config) and is_due(empty, fresh(0), 0.0, config)  # demos first
     sft = DaemonState(sft_checkpoint="x", last_publish_at=100.0)
     assert next_stage(sft, failures_logged=False) == "online_rl"
     assert next_stage(sft, failures_logged=True) == "offline_rl"
     assert next_stage(DaemonState(sft_checkpoint="x", offline_done=True), True) == "online_rl"
-    assert not is_due(sft, 9, 130.0, config) and is_due(sft, 10, 130.0, config)  # N new episodes ...
-    assert not is_due(sft, 3, 1000.0, config) and is_due(sft, 4, 161.0, config)  # ... or T minutes with a few
+    assert not is_due(sft, fresh(9), 130.0, config) and is_due(sft, fresh(10), 130.0, config)  # N new episodes ...
+    assert not is_due(sft, fresh(3), 1000.0, config) and is_due(sft, fresh(4), 161.0, config)  # ... or T minutes
 
 
 def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):
@@ -77,7 +82,7 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
     for seed in range(12):
         log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
     config = DaemonConfig(recipe=str(recipe), every_episodes=8, min_new_episodes=4, poll_s=0.2, offline_steps=4,
-                          max_versions=1)  # fmt: skip
+                          min_demos=12, max_versions=1)  # fmt: skip
     state = run_daemon(settings, config)
     assert [v["stage"] for v in state.versions] == ["sft"]
     assert latest_by_channel(settings)["stable"].version == state.version

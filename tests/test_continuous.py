@@ -1,0 +1,70 @@
+"""The continuous demo: fleet and learner side by side, nobody waiting; its idle-time and version accounting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+
+from edge_client.experts import expert_for
+from edge_client.runner import EdgeConfig, RunSummary, samples
+from flywheel.continuous import idle_seconds, success_rise
+from lake.tables import EPISODES, table_uri
+
+
+def test_idle_time_is_the_window_no_span_covers():
+    # Two clients overlapping on 0-3, one alone on 5-6: 4 s acted, 6 s of the 10 s window idle.
+    assert idle_seconds([[5.0, 6.0], [0.0, 2.0], [1.0, 3.0]], 0.0, 10.0) == 6.0
+    assert idle_seconds([[-1.0, 1.0], [1.5, 9.0]], 0.0, 2.0) == 0.5  # spans are clipped to the window
+    assert idle_seconds([], 0.0, 4.0) == 4.0
+
+
+def test_a_clients_acting_spans_merge_across_short_boundaries():
+    summary = RunSummary("c0")
+    for start, end in ((0.0, 1.0), (1.2, 2.0), (5.0, 6.0)):  # 0.2 s between episodes is a boundary, not idleness
+        summary.record_acting(start, end)
+    assert summary.acting == [[0.0, 2.0], [5.0, 6.0]]
+
+
+def test_only_a_sampling_model_repeats_a_seed():
+    config = EdgeConfig("c0", temperature=0.7, repeats=4)
+    assert not samples(expert_for("click-test"), config)  # scripted: a repeat replays the same episode
+
+    class Model:
+        version = "sft-0001"
+
+    assert samples(Model(), config) and not samples(Model(), EdgeConfig("c0", temperature=0.0))
+
+
+def test_success_rise_compares_versions_the_fleet_ran_enough():
+    versions = [{"episodes": 40, "success_rate": 0.5}, {"episodes": 3, "success_rate": 1.0},
+                {"episodes": 30, "success_rate": 0.7}, {"episodes": 0, "success_rate": None}]  # fmt: skip
+    assert success_rise(versions) == 0.2
+    assert success_rise(versions[:2]) is None
+
+
+def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kafka_settings, tmp_path):
+    out = tmp_path / "demo"
+    args = ["--minutes", "1.5", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
+            "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
+            "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0"]  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+
+    stages = [v["stage"] for v in report["versions"]]
+    assert stages[0] == "sft" and "online_rl" in stages and len(stages) >= 3  # the curriculum, by itself
+    assert report["steps_in_delta"] == report["steps_published"] > 0
+    assert report["bootstrap"]["episodes"] >= 6  # the experts acted until the first version arrived
+    assert report["fleet_idle_s"] < 0.25 * report["run_s"]  # chromium's start; never a wait for the learner
+    ran = [v for v in report["versions"] if v["episodes"]]
+    assert ran and all(0.0 <= v["success_rate"] <= 1.0 for v in ran)
+    assert (out / "versions.png").stat().st_size > 0
+
+    episodes = pl.read_delta(table_uri(out / "data" / "tables", EPISODES)).filter(pl.col("policy") == "model")
+    groups = episodes.group_by("task", "seed").len()
+    assert groups["len"].max() >= 2  # sampled rollouts of one start state: GRPO's groups
+    assert episodes["episode_id"].n_unique() == episodes.height
