@@ -12,6 +12,9 @@ action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge r
     RefKL:                 L_PPO + beta(k) * KL(pi_theta || pi_SFT)     (exact, over the allowed vocabulary)
     DataBC:                L_PPO + beta(k) * -log pi_theta(a_demo | s)
     beta(k):               beta_0 for k < warmup, then linear to 0 over `anneal` steps
+    semi-online (UI-S1):   r_t = 0.1 * well_formed + 0.9 * action_score;  G_t = r_t + gamma * G_{t+1}, cut at a
+                           mismatch;  A_t = z(G_t | task, step index) + z(R | task);  groups whose step-0
+                           returns spread <= 0.3 (std) are dropped
 """
 
 from __future__ import annotations
@@ -144,3 +147,57 @@ def guidance_beta(step: int, beta0: float, warmup_steps: int, anneal_steps: int)
     if anneal_steps <= 0:
         return 0.0
     return beta0 * max(0.0, 1.0 - (step - warmup_steps) / anneal_steps)
+
+
+# Semi-online RL (UI-S1, arXiv 2509.11543): rollouts over expert trajectories, one step reward per step.
+
+
+def semi_online_step_reward(well_formed: torch.Tensor, action_score: torch.Tensor) -> torch.Tensor:
+    """r_t = 0.1 * well_formed + 0.9 * action_score.  (N,), (N,) -> (N,)
+
+    action_score: 1 the expert's action exactly (a click inside its element's box, the same text or key),
+    0.5 the right action type only, 0.1 an action that parses but is of another type, 0 none parses."""
+    return 0.1 * well_formed + 0.9 * action_score
+
+
+def semi_online_returns(rewards: torch.Tensor, matched: torch.Tensor, gamma: float = 0.5) -> torch.Tensor:
+    """Discounted returns of one rollout, G_t = r_t + gamma * G_{t+1}, cut at every mismatch.
+
+    rewards (T,), matched (T,) bool -> (T,). A mismatched step's return is its own reward, and the running
+    return restarts at 0 there: the steps before it get no credit for what followed a patched history."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros((), dtype=rewards.dtype)
+    for t in reversed(range(len(rewards))):
+        if matched[t]:
+            running = rewards[t] + gamma * running
+            returns[t] = running
+        else:
+            running = torch.zeros((), dtype=rewards.dtype)
+            returns[t] = rewards[t]
+    return returns
+
+
+def semi_online_advantages(
+    step_returns: torch.Tensor,
+    step_groups: torch.Tensor,
+    episode_returns: torch.Tensor,
+    episode_groups: torch.Tensor,
+    step_weight: float = 1.0,
+    episode_weight: float = 1.0,
+) -> torch.Tensor:
+    """A_t = step_weight * z(G_t within (task, step index)) + episode_weight * z(R within the task's rollouts),
+    z the standardisation of group_advantages. All (N,) per step: episode_returns is each step's rollout total."""
+    step_term = group_advantages(step_returns, step_groups)
+    return step_weight * step_term + episode_weight * group_advantages(episode_returns, episode_groups)
+
+
+def informative_groups(first_returns: torch.Tensor, groups: torch.Tensor, min_std: float = 0.3) -> torch.Tensor:
+    """The group ids to keep: those whose rollouts' step-0 returns spread more than `min_std` (population
+    std). first_returns (R,) one per rollout, groups (R,) -> (G',) the kept ids, sorted."""
+    ids, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    means = torch.zeros(len(ids), dtype=first_returns.dtype).index_add_(0, inverse, first_returns) / counts
+    variances = (
+        torch.zeros(len(ids), dtype=first_returns.dtype).index_add_(0, inverse, (first_returns - means[inverse]) ** 2)
+        / counts
+    )
+    return ids[variances.sqrt() > min_std]

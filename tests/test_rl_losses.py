@@ -97,3 +97,45 @@ def test_guidance_beta_is_constant_then_annealed_to_zero():
     betas = [guidance_beta(k, beta0=0.4, warmup_steps=10, anneal_steps=20) for k in (0, 9, 10, 20, 30, 100)]
     assert betas == pytest.approx([0.4, 0.4, 0.4, 0.2, 0.0, 0.0])
     assert guidance_beta(10, 0.4, 10, 0) == 0.0
+
+
+# Semi-online RL (issue 15): each function against values worked by hand.
+
+
+def test_semi_online_step_reward_weighs_format_and_action():
+    from learner.rl_losses import semi_online_step_reward
+
+    rewards = semi_online_step_reward(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([1.0, 0.5, 0.1, 0.0]))
+    assert torch.allclose(rewards, torch.tensor([1.0, 0.55, 0.19, 0.0]))
+
+
+def test_semi_online_returns_discount_and_cut_at_a_mismatch():
+    from learner.rl_losses import semi_online_returns
+
+    # r = 1, 1, 0.55 (mismatch), 1, 1; gamma 0.5.
+    # t4: 1; t3: 1 + 0.5 = 1.5; t2 mismatched: its own 0.55, running restarts; t1: 1 + 0.5 * 0 = 1; t0: 1.5.
+    returns = semi_online_returns(torch.tensor([1.0, 1.0, 0.55, 1.0, 1.0]),
+                                  torch.tensor([True, True, False, True, True]))  # fmt: skip
+    assert torch.allclose(returns, torch.tensor([1.5, 1.0, 0.55, 1.5, 1.0]))
+    all_matched = semi_online_returns(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([True, True, True]), gamma=0.5)
+    assert torch.allclose(all_matched, torch.tensor([1.75, 1.5, 1.0]))
+
+
+def test_semi_online_advantages_add_the_step_and_episode_terms():
+    from learner.rl_losses import semi_online_advantages
+
+    # Two rollouts of one task, one step each: G = 1 and 0 in the (task, step 0) group -> +1, -1 (population
+    # std 0.5); episode totals 2 and 1 in the task group -> +1, -1. Sum: +2, -2.
+    adv = semi_online_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.tensor([2.0, 1.0]),
+                                 torch.tensor([7, 7]))  # fmt: skip
+    assert torch.allclose(adv, torch.tensor([2.0, -2.0]), atol=1e-4)
+    alone = semi_online_advantages(torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0]))
+    assert alone.item() == 0.0  # a group of one has nothing to be ranked against
+
+
+def test_groups_whose_first_returns_barely_differ_are_dropped():
+    from learner.rl_losses import informative_groups
+
+    # group 0: 1.0, 0.0 -> std 0.5, kept; group 1: 1.0, 0.6 -> std 0.2, dropped; group 2: one rollout, std 0.
+    first = torch.tensor([1.0, 0.0, 1.0, 0.6, 0.9])
+    assert informative_groups(first, torch.tensor([0, 0, 1, 1, 2])).tolist() == [0]
