@@ -7,6 +7,7 @@ swaps in each new verified version at the next episode boundary.
 from __future__ import annotations
 
 import json
+import os
 import time
 import zlib
 from collections import Counter as Tally
@@ -54,6 +55,9 @@ class EdgeConfig:
     demonstrations) instead of waiting for it; a fleet that starts before its first model never idles."""
     intra_op_threads: int = 1
     """onnxruntime threads (the box is shared)."""
+    nice: int = 0
+    """Lower this client's CPU priority by this much at start (its browser inherits it): on a machine shared
+    with a learner, the learner trains at full speed while the fleet keeps acting in the cycles left."""
     temperature: float = 0.0
     """With policy='model': sampling temperature of every generated token (0: greedy, no exploration)."""
     top_k: int = 0
@@ -96,6 +100,8 @@ class RunSummary:
 
 
 def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
+    if config.nice:
+        os.nice(config.nice)
     if config.metrics_port is not None:
         serve_metrics("flywheel-edge", settings.metrics_host, config.metrics_port, client_id=config.client_id)
     summary = RunSummary(config.client_id)

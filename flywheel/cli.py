@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -164,6 +165,13 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from flywheel.experiment import ExperimentConfig, run_experiment
 
     run_experiment(config_from(args, ExperimentConfig), get_settings())
+    return 0
+
+
+def cmd_curriculum(args: argparse.Namespace) -> int:
+    from flywheel.curriculum import CurriculumConfig, run_curriculum
+
+    run_curriculum(config_from(args, CurriculumConfig))
     return 0
 
 
@@ -347,10 +355,16 @@ def _release(p: argparse.ArgumentParser) -> None:
 
 
 def _experiment(p: argparse.ArgumentParser) -> None:
+    from flywheel.curriculum import CurriculumConfig
     from flywheel.experiment import ExperimentConfig
 
     add_config_arguments(p, ExperimentConfig)
     p.set_defaults(func=cmd_experiment)
+    kinds = p.add_subparsers(dest="kind", metavar="{curriculum}", help="instead of the arms of --config:")
+    curriculum = kinds.add_parser("curriculum", help="SFT / offline RL / online RL arms at the same budget "
+                                  "-> OUT/curriculum.json + curriculum.png")  # fmt: skip
+    add_config_arguments(curriculum, CurriculumConfig, parse=TASKS)
+    curriculum.set_defaults(func=cmd_curriculum)
 
 
 def _canary(p: argparse.ArgumentParser) -> None:
@@ -444,11 +458,18 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
+ORCHESTRATORS = {"demo", "demonstrations", "release", "experiment", "bench"}  # commands that start processes
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The only top-level option (-v) takes no value, so the first word is the command.
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser([command] if command else []).parse_args(argv)
+    if command in ORCHESTRATORS:
+        # SIGTERM unwinds like Ctrl-C: a demo stopped by `kill` stops the processes it started (its context
+        # managers run) instead of leaving them orphaned.
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )

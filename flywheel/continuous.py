@@ -59,7 +59,8 @@ def run_continuous(config, stack: LocalStack) -> dict:
             name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
             episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
             edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s)),
+                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s),
+                       "--nice", str(config.fleet_nice)),
         ),
         stack, config.out,
     )  # fmt: skip
