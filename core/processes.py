@@ -11,8 +11,19 @@ import time
 from pathlib import Path
 
 
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Restrict every thread of process `pid` to `cpus`; what they start from now on inherits it. (Linux
+    affinity is per thread: a running process's existing threads are pinned one by one.)"""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
+
+
 class Child:
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 cpus: set[int] | None = None):  # fmt: skip
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -24,6 +35,8 @@ class Child:
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its own process group: a stop reaches chromium/driver children too
         )
+        if cpus:
+            pin_process(self.proc.pid, cpus)  # still starting its interpreter: its threads and children inherit
 
     def running(self) -> bool:
         return self.proc.poll() is None

@@ -145,7 +145,8 @@ def click(
     """Click the visible centre of `target`; `thought` may use {x} and {y}."""
     x, y = click_point(target, root, within)
     action = Action(type="click", x=float(x), y=float(y))
-    return Decision(thought=thought.format(x=x, y=y), action=action, expected=expected)
+    box = (float(target.left), float(target.top), float(target.right), float(target.bottom))
+    return Decision(thought=thought.format(x=x, y=y), action=action, expected=expected, target_box=box)
 
 
 def click_then(target: DOMElement, root: DOMElement, thought: str, within: DOMElement | None = None) -> Decision:
@@ -508,6 +509,7 @@ def solve_enter_date(obs: Observation) -> Decision:
             f"Click the month part of the date field at ({x}, {y}).",
             Action(type="click", x=x, y=y),
             expect_change_near(x, y),
+            target_box=(field.left, field.top, field.left + field.width / 3, field.bottom),  # the month segment
         )
     return type_text(f"{month}{day}{year}", f"The date field is focused. Type {month}{day}{year}.")
 

@@ -7,7 +7,6 @@ swaps in each new verified version at the next episode boundary.
 from __future__ import annotations
 
 import json
-import os
 import time
 import zlib
 from collections import Counter as Tally
@@ -38,14 +37,14 @@ class EdgeConfig:
     """MiniWoB++ task ids to cycle through."""
     episodes_per_task: int = 10
     """Episodes run on each task (each `repeats` times)."""
-    repeats: int = 1
-    """Runs of each (task, seed) in a row: sampled rollouts of one start state, a GRPO group for the learner."""
     policy: Literal["expert", "model"] = "expert"
     """'expert' (scripted DOM oracles) or 'model' (newest ONNX version from the model-versions topic)."""
     max_steps: int = 10
     """An episode still running after this many steps ends as a failure (termination 'max_steps')."""
     seed: int = 0
     """Seed of the first episode; episode i of a task uses seed + i."""
+    repeats: int = 1
+    """Runs of each (task, seed) in a row: sampled rollouts of one start state, a GRPO group for the learner."""
     channel: str | None = None
     """Model-versions channel to follow; None: canary for settings.canary_fraction of clients, else stable."""
     wait_for_model_s: float = 120.0
@@ -55,9 +54,6 @@ class EdgeConfig:
     demonstrations) instead of waiting for it; a fleet that starts before its first model never idles."""
     intra_op_threads: int = 1
     """onnxruntime threads (the box is shared)."""
-    nice: int = 0
-    """Lower this client's CPU priority by this much at start (its browser inherits it): on a machine shared
-    with a learner, the learner trains at full speed while the fleet keeps acting in the cycles left."""
     temperature: float = 0.0
     """With policy='model': sampling temperature of every generated token (0: greedy, no exploration)."""
     top_k: int = 0
@@ -100,8 +96,6 @@ class RunSummary:
 
 
 def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
-    if config.nice:
-        os.nice(config.nice)
     if config.metrics_port is not None:
         serve_metrics("flywheel-edge", settings.metrics_host, config.metrics_port, client_id=config.client_id)
     summary = RunSummary(config.client_id)
@@ -195,6 +189,7 @@ def step_event(
         token_logprobs=decision.token_logprobs,
         temperature=decision.sampling.temperature if decision.sampling else 0.0,
         top_k=decision.sampling.top_k if decision.sampling else 0,
+        target_box=decision.target_box or (),
     )
 
 

@@ -47,6 +47,9 @@ class EvalConfig:
     """Intra-op threads of the model."""
     keep_ratio: float | None = None
     """VLA: visual-token keep ratio (None: the bundle's)."""
+    sop: bool = False
+    """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
+    and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -152,12 +155,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
 
     report = evaluate(policy_for_task, config.tasks, config.episodes, seed=config.seed, progress=progress)
+    if config.sop:
+        if config.policy != "model":
+            raise SystemExit("--sop measures a model against the experts: it needs --policy model")
+        from flywheel.sop import evaluate_sop
+
+        sop = evaluate_sop(path, config.tasks, config.episodes, config.seed, config.keep_ratio)
+        for task, entry in report["tasks"].items():
+            entry.update({k: v for k, v in sop["tasks"].get(task, {}).items()})
+        report["sop_progress"], report["sop_success"] = sop["sop_progress"], sop["sop_success"]
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     for task, entry in report["tasks"].items():
         print(f"{task:24s} {entry['success_rate']:.3f}  ({entry['episodes']} episodes)")
     print(f"{'mean':24s} {report['mean_success_rate']:.3f}")
+    if config.sop:
+        print(f"{'sop':24s} progress {report['sop_progress']:.3f}, success {report['sop_success']:.3f}")
     return 0
 
 
@@ -172,6 +186,13 @@ def cmd_curriculum(args: argparse.Namespace) -> int:
     from flywheel.curriculum import CurriculumConfig, run_curriculum
 
     run_curriculum(config_from(args, CurriculumConfig))
+    return 0
+
+
+def cmd_sop_experiment(args: argparse.Namespace) -> int:
+    from flywheel.sop import run_sop_experiment
+
+    run_sop_experiment(args.out, args.curriculum, args.episodes, args.seed)
     return 0
 
 
@@ -360,11 +381,23 @@ def _experiment(p: argparse.ArgumentParser) -> None:
 
     add_config_arguments(p, ExperimentConfig)
     p.set_defaults(func=cmd_experiment)
-    kinds = p.add_subparsers(dest="kind", metavar="{curriculum}", help="instead of the arms of --config:")
+    kinds = p.add_subparsers(dest="kind", metavar="{curriculum,sop}", help="instead of the arms of --config:")
     curriculum = kinds.add_parser("curriculum", help="SFT / offline RL / online RL arms at the same budget "
                                   "-> OUT/curriculum.json + curriculum.png")  # fmt: skip
     add_config_arguments(curriculum, CurriculumConfig, parse=TASKS)
     curriculum.set_defaults(func=cmd_curriculum)
+    sop = kinds.add_parser("sop", help="SOP vs live success over a curriculum run's checkpoints -> OUT/sop.json, "
+                           "sop.png")  # fmt: skip
+    sop.add_argument("--out", type=Path, default=Path("runs/sop"), help="sop.json and sop.png go here")
+    sop.add_argument(
+        "--curriculum",
+        type=Path,
+        default=Path("runs/curriculum"),
+        help="a `flywheel experiment curriculum` run: its evaluated checkpoints are the points",
+    )
+    sop.add_argument("--episodes", type=int, default=50, help="expert trajectories per task")
+    sop.add_argument("--seed", type=int, default=1_000_000, help="seed of the first (the eval seeds)")
+    sop.set_defaults(func=cmd_sop_experiment)
 
 
 def _canary(p: argparse.ArgumentParser) -> None:

@@ -13,9 +13,11 @@ ran) and fleet_idle_s, the time within the run when no client was in an episode.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from core.console import say
+from core.processes import pin_process
 from flywheel.fleet import FleetRun, run_fleet
 from flywheel.stack import LocalStack
 from lake.queries import episode_stats
@@ -41,16 +43,30 @@ def success_rise(versions: list[dict]) -> float | None:
     return round(ranked[-1]["success_rate"] - ranked[0]["success_rate"], 3) if len(ranked) >= 2 else None
 
 
+def split_cpus(cpus: list[int], learner_share: float) -> tuple[set[int] | None, set[int] | None]:
+    """(the learner's CPUs, everyone else's): the last `learner_share` of them, at least one, for the learner;
+    (None, None) without pinning (a share of 0, or a single CPU)."""
+    if learner_share <= 0 or len(cpus) < 2:
+        return None, None
+    take = min(len(cpus) - 1, max(1, round(learner_share * len(cpus))))
+    return set(cpus[-take:]), set(cpus[:-take])
+
+
 def run_continuous(config, stack: LocalStack) -> dict:
     """Run the fleet and the learner for config.minutes (a flywheel.demo.DemoConfig); returns the report."""
     run_s = 60 * config.minutes
     state_path = stack.settings.data_dir / "learner" / "daemon" / "state.json"  # learner.daemon.DaemonState
+    learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
     learner = stack.start("learner", [
         "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
         "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
         "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
         "--guidance", config.guidance, "--poll-s", "2",
-    ])  # fmt: skip
+    ], cpus=learner_cpus)  # fmt: skip
+    if fleet_cpus:
+        for worker in stack.workers:
+            pin_process(worker.proc.pid, fleet_cpus)
+        say(f"learner on CPUs {sorted(learner_cpus)}; fleet, browsers and worker on {sorted(fleet_cpus)}")
     say(f"fleet: {config.clients} clients for {config.minutes} min (experts until the first version, then "
         f"sampling at temperature {config.temperature}, top-k {config.top_k}, {config.repeats} rollouts per seed); "
         f"learner side by side")  # fmt: skip
@@ -59,8 +75,8 @@ def run_continuous(config, stack: LocalStack) -> dict:
             name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
             episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
             edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s),
-                       "--nice", str(config.fleet_nice)),
+                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s)),
+            cpus=fleet_cpus,
         ),
         stack, config.out,
     )  # fmt: skip

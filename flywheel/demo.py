@@ -66,9 +66,10 @@ class DemoConfig:
     """Continuous: optimizer steps of the offline RL stage."""
     guidance: str = "refkl"
     """Continuous: online RL's offline guidance, 'none', 'refkl' or 'databc'."""
-    fleet_nice: int = 10
-    """Continuous: the clients' (and their browsers') CPU niceness, so the learner sharing the machine is not
-    starved (without it: 150 of 800 SFT steps in 10 min on 2 cores); the fleet acts in the cycles left."""
+    learner_cpu_share: float = 0.5
+    """Continuous: share of this machine's CPUs the learner gets to itself (the fleet, its browsers and the
+    worker share the rest; 0: no pinning). Unpinned on 2 cores, 400 SFT steps took 23 min beside the fleet
+    (chromium raises its own threads' priority, so niceness does not help)."""
 
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:

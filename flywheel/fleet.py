@@ -37,6 +37,8 @@ class FleetRun:
     drain_timeout_s: float = 300.0
     edge_args: tuple[str, ...] = ()
     """More `flywheel edge` flags for every client (sampling, repeats, a time limit)."""
+    cpus: set[int] | None = None
+    """CPUs the clients and their browsers run on (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
                 "--summary", str(summaries[k]),
                 *run.edge_args,
             ],
+            cpus=run.cpus,
         )
         for k in range(run.clients)
     ]  # fmt: skip

@@ -99,7 +99,7 @@ def _versions(path: Path, report: dict, tables_dir: Path, _url: str | None) -> N
     if models.height >= 10:  # the trend across versions: one rolling mean over every model episode
         window = min(60, models.height // 3)
         trend = np.convolve(models["success"].cast(pl.Float64).to_numpy(), np.ones(window) / window, mode="valid")
-        ts = models["produced_at"].to_numpy()[window - 1:] - t0
+        ts = models["produced_at"].to_numpy()[window - 1 :] - t0
         ax.plot(ts, trend, color="black", lw=2, label=f"every model episode, rolling mean of {window}")
     for k, version in enumerate(order):
         mine = episodes.filter(pl.col("model_version") == version)

@@ -41,9 +41,11 @@ class LocalStack:
             raise RuntimeError("no faust worker runs in this stack")
         return self.workers[-1]
 
-    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
-        """`flywheel <args>` with the run's settings (and `env` on top), stopped when the stack closes."""
-        child = Child(name, list(args), self.logs, {**self.env, **(env or {})})
+    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
+              cpus: set[int] | None = None) -> Child:  # fmt: skip
+        """`flywheel <args>` with the run's settings (and `env` on top), on `cpus` (None: any), stopped when the
+        stack closes."""
+        child = Child(name, list(args), self.logs, {**self.env, **(env or {})}, cpus)
         self.children.append(child)
         return child
 

@@ -44,6 +44,7 @@ STEPS_SCHEMA = pa.schema(
         ("token_logprobs", pa.list_(pa.float32())),  # behaviour log mu of each of them (policy.sampling)
         ("temperature", pa.float32()),  # 0: greedy
         ("top_k", pa.int32()),
+        ("target_box", pa.list_(pa.float32())),  # an expert click's element (left, top, right, bottom); else empty
         ("schema_version", pa.int16()),
         ("kafka_partition", pa.int32()),
         ("kafka_offset", pa.int64()),

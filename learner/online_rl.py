@@ -89,7 +89,8 @@ def ppo_update(
     out_dir: str | Path,
     demos: pl.DataFrame | None = None,
 ) -> VLAResult:
-    """One PPO update on `rollouts` (SFT_COLUMNS + tokens, token_logprobs, task, seed, success).
+    """One PPO update on `rollouts` (SFT_COLUMNS + tokens, token_logprobs, task, seed, success; or an
+    `advantage` column per step instead of task, seed and success).
 
     Continues from out_dir's checkpoint (earlier updates), else starts from `start_checkpoint`; the
     reference (RefKL) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS) feed DataBC."""
@@ -104,7 +105,10 @@ def ppo_update(
     rollouts = rollouts.sort("episode_id", "step")  # the dataset's row order
     data = VLADataset(rollouts, tok, model.cfg, pruning)
     demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance == "databc" else None
-    advantages = torch.from_numpy(episode_group_advantages(rollouts)).float()  # (M,)
+    # (M,) GRPO's per-episode advantage, unless the caller computed one per step (semi-online RL).
+    given = "advantage" in rollouts.columns
+    advantages = rollouts["advantage"].to_numpy().copy() if given else episode_group_advantages(rollouts)
+    advantages = torch.from_numpy(advantages).float()
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
 
     losses: list[float] = []

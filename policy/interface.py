@@ -35,6 +35,7 @@ class Decision:
     tokens: tuple[int, ...] = ()  # a model's generated target ids (thought + action, <eos> included)
     token_logprobs: tuple[float, ...] = ()  # log mu of each of `tokens` under the distribution it was drawn from
     sampling: Sampling | None = None  # how the tokens were drawn (None for experts)
+    target_box: tuple[float, float, float, float] | None = None  # an expert click's element: left, top, right, bottom
 
 
 class Policy(Protocol):

@@ -91,6 +91,9 @@ class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     token_logprobs: tuple[LogProb, ...] = ()  # log mu of each token under the distribution it was drawn from
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 0.0  # 0: greedy
     top_k: Int32 = 0  # 0: every token the grammar allows
+    # An expert click's target element (left, top, right, bottom) in screenshot pixels, empty otherwise: what
+    # semi-online RL and SOP match a model's click against (any point inside it is the expert's action).
+    target_box: tuple[float, ...] = ()
     schema_version: int = 2
 
 

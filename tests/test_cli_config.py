@@ -153,6 +153,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
     from flywheel.cli import EvalConfig
+    from flywheel.curriculum import CurriculumConfig
     from flywheel.demo import DemoConfig
     from flywheel.demonstrations import DemonstrationsConfig
     from flywheel.experiment import ExperimentConfig
@@ -161,7 +162,8 @@ def config_classes() -> dict[str, type]:
     from processors.maintenance import MaintenanceConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
-               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig)  # fmt: skip
+               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
+               CurriculumConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

@@ -47,7 +47,7 @@ def test_success_rise_compares_versions_the_fleet_ran_enough():
 
 def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kafka_settings, tmp_path):
     out = tmp_path / "demo"
-    args = ["--minutes", "1.5", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
+    args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0"]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],

@@ -110,6 +110,7 @@ def test_tier1_expert_succeeds(env: GuiEnv, task: str) -> None:
         assert last.decision.thought and last.decision.expected
         assert last.verify.ok is True
         assert last.verify.observed.startswith("episode ended with reward 1")
+        assert_clicks_inside_their_target(result)
 
 
 @needs_browser
@@ -118,6 +119,18 @@ def test_tier1_expert_succeeds(env: GuiEnv, task: str) -> None:
 def test_tier2_expert_succeeds(env: GuiEnv, task: str) -> None:
     result = run_episode(env, expert_for(task), task, SEEDS[0], max_steps=12)
     assert result.success, (task, [r.decision.thought for r in result.records], result.termination)
+    assert_clicks_inside_their_target(result)
+
+
+def assert_clicks_inside_their_target(result) -> None:
+    """Every expert click records its element's box (what semi-online RL matches a model's click against),
+    and the click is inside it."""
+    for record in result.records:
+        action, box = record.decision.action, record.decision.target_box
+        if action.type == "click":
+            assert box is not None, (result.task, record.decision.thought)
+            left, top, right, bottom = box
+            assert left <= action.x <= right and top <= action.y <= bottom, (result.task, box, action)
 
 
 @needs_browser

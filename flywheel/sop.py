@@ -1,0 +1,122 @@
+"""SOP at eval time: the DOM experts record their trajectories on the eval tasks and seeds, the model replays
+them on its own (learner.semi_online.sop: stop at the first mismatch). `flywheel eval --sop`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from core.console import say
+
+
+def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, max_steps: int = 12) -> pl.DataFrame:
+    """The experts' successful episodes on seeds seed .. seed + episodes - 1 of every task, as step rows
+    (learner.semi_online.TRAJECTORY_COLUMNS): the screens, actions and element boxes a model is matched on."""
+    from edge_client.env import task_name
+    from edge_client.experts import expert_for
+    from flywheel.curriculum import run_episodes
+
+    frames = []
+    for task in tasks:
+        frame, _ = run_episodes(env, expert_for, [task_name(task)], range(seed, seed + episodes), 1, "expert",
+                                "sop", max_steps)  # fmt: skip
+        frames.append(frame.filter(pl.col("success")))
+    return pl.concat(frames)
+
+
+def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
+                 keep_ratio: float | None = None, env=None) -> dict:  # fmt: skip
+    """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
+    from edge_client.env import GuiEnv
+    from learner.semi_online import sop
+    from policy.runtime import VLARuntime
+
+    own = env is None
+    env = env or GuiEnv(tasks[0])
+    try:
+        say(f"sop: the experts record {episodes} trajectories per task")
+        frame = expert_trajectories(env, tasks, episodes, seed)
+    finally:
+        if own:
+            env.close()
+    return sop(VLARuntime(bundle, keep_ratio=keep_ratio), frame)
+
+
+def r_squared(xs: list[float], ys: list[float]) -> float:
+    """R² of the least-squares line through (xs, ys): 1 - SS_res / SS_tot (0 when ys do not vary)."""
+    import numpy as np
+
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if len(x) < 2 or np.ptp(y) == 0 or np.ptp(x) == 0:
+        return 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = float(((y - (slope * x + intercept)) ** 2).sum())
+    return 1.0 - residual / float(((y - y.mean()) ** 2).sum())
+
+
+def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) -> dict:
+    """SOP vs live success over every evaluated checkpoint of a curriculum run (OUT/<arm>/model-<k>.vla with
+    its eval-<k>.json): the experts record `episodes` trajectories per task on the eval seeds once, each
+    checkpoint replays them. Writes OUT/sop.json and OUT/sop.png."""
+    import json
+
+    from edge_client.env import GuiEnv
+    from learner.semi_online import sop
+
+    points = []
+    for eval_path in sorted(curriculum.glob("*/eval-*.json")):
+        bundle = eval_path.with_name(eval_path.name.replace("eval-", "model-").replace(".json", ".vla"))
+        if bundle.exists():
+            points.append((eval_path, bundle, json.loads(eval_path.read_text())))
+    if len(points) < 2:
+        raise ValueError(f"{curriculum} holds {len(points)} evaluated checkpoints; run `flywheel experiment "
+                         f"curriculum --out {curriculum}` first")  # fmt: skip
+    tasks = tuple(points[0][2]["tasks"])
+    env = GuiEnv(tasks[0])
+    try:
+        say(f"sop: the experts record {episodes} trajectories per task on {len(tasks)} tasks")
+        frame = expert_trajectories(env, tasks, episodes, seed)
+    finally:
+        env.close()
+    from policy.runtime import VLARuntime
+
+    rows = []
+    for eval_path, bundle, entry in points:
+        result = sop(VLARuntime(bundle), frame)
+        rows.append({"checkpoint": f"{eval_path.parent.name}/{bundle.stem}", "live_success": entry["mean"],
+                     "sop_success": result["sop_success"], "sop_progress": result["sop_progress"]})  # fmt: skip
+        say(f"  {rows[-1]['checkpoint']}: live {entry['mean']:.3f}, sop success {result['sop_success']:.3f}, "
+            f"progress {result['sop_progress']:.3f}")  # fmt: skip
+    live = [r["live_success"] for r in rows]
+    report = {"checkpoints": rows, "tasks": list(tasks), "trajectories_per_task": episodes,
+              "r2_sop_success": round(r_squared([r["sop_success"] for r in rows], live), 4),
+              "r2_sop_progress": round(r_squared([r["sop_progress"] for r in rows], live), 4)}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sop.json").write_text(json.dumps(report, indent=2))
+    _plot(out / "sop.png", report)
+    say(f"R² live vs sop success {report['r2_sop_success']}, vs sop progress {report['r2_sop_progress']} "
+        f"over {len(rows)} checkpoints -> {out / 'sop.json'}")  # fmt: skip
+    return report
+
+
+def _plot(path: Path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    for ax, key in zip(axes, ("sop_success", "sop_progress"), strict=True):
+        xs = [r[key] for r in report["checkpoints"]]
+        ys = [r["live_success"] for r in report["checkpoints"]]
+        ax.scatter(xs, ys)
+        for r, x, y in zip(report["checkpoints"], xs, ys, strict=True):
+            ax.annotate(r["checkpoint"], (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.set_xlabel(key.replace("_", " "))
+        ax.set_ylabel("live success (mean over tasks)")
+        ax.set_title(f"R² {report['r2_' + key]}")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

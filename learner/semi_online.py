@@ -1,0 +1,217 @@
+"""Semi-online RL and SOP (UI-S1, arXiv 2509.11543): online-RL-style rollouts simulated on expert trajectories.
+
+A rollout walks one expert trajectory: at step t the policy samples a thought + action on the expert's
+screenshot t. When its action does not match the expert's, the patch module puts the expert's action in its
+place and the rollout goes on from the expert's next screen; after `max_patches` patches the next mismatch
+ends it. The mismatched sample stays in the batch with its low reward. No environment is touched.
+
+This VLA's only memory of earlier steps is the previous frame its pruning prior reads (policy.pruning), and
+that frame is always the expert's: so here a patch changes nothing the next step sees, and what the patch
+budget decides is how far a rollout goes. Rewards, returns and advantages: learner.rl_losses
+(semi_online_step_reward, semi_online_returns, semi_online_advantages, informative_groups).
+
+Matching: a click matches when it falls inside the expert target's element box (recorded by the experts,
+StepEvent.target_box), else within `CLICK_TOLERANCE_PX` of the expert's point when no box was recorded;
+typed text matches case- and space-insensitively; a key by name; a scroll by direction.
+
+SOP (semi-online performance): the greedy policy on each expert trajectory, stopping at its first mismatch;
+progress = the fraction of steps it matched, success = it matched them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import torch
+
+from learner.rl_losses import (
+    informative_groups,
+    semi_online_advantages,
+    semi_online_returns,
+    semi_online_step_reward,
+)
+from policy.sampling import GREEDY, Sampling
+from policy.screen import decode_png
+from policy.tokens import ParseError
+from schemas import Action
+
+CLICK_TOLERANCE_PX = 4.0
+TRAJECTORY_COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "action_type", "x", "y", "text",
+                      "key", "target_box"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SemiOnlineConfig:
+    rollouts: int = 8
+    """Sampled rollouts per expert trajectory (a group)."""
+    max_patches: int = 2
+    """Mismatches patched with the expert's action per rollout; the next one ends the rollout."""
+    gamma: float = 0.5
+    """Discount of the step returns."""
+    min_group_std: float = 0.3
+    """Groups whose rollouts' step-0 returns spread less than this (std) are dropped: nothing to rank."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_k: int = 0
+    """Rollouts sample among the k likeliest allowed tokens (0: all)."""
+    kl_beta: float = 0.01
+    """The small KL to the SFT reference that keeps the update near it (constant, never annealed)."""
+
+
+def action_matches(action: Action, expert: Action, box: list[float] | None) -> bool:
+    """Whether `action` is the expert's action (see the module docstring)."""
+    if action.type != expert.type:
+        return False
+    if action.type == "click":
+        if box:
+            left, top, right, bottom = box
+            return left <= action.x <= right and top <= action.y <= bottom
+        return abs(action.x - expert.x) <= CLICK_TOLERANCE_PX and abs(action.y - expert.y) <= CLICK_TOLERANCE_PX
+    if action.type == "type":
+        return " ".join(action.text.split()).casefold() == " ".join(expert.text.split()).casefold()
+    if action.type == "key":
+        return action.key == expert.key
+    if action.type == "scroll":
+        return np.sign(action.scroll_dy) == np.sign(expert.scroll_dy)
+    return True
+
+
+def action_score(action: Action | None, expert: Action, box: list[float] | None) -> float:
+    """1 the expert's action, 0.5 its type only, 0.1 an action of another type, 0 none parsed."""
+    if action is None:
+        return 0.0
+    if action.type != expert.type:
+        return 0.1
+    return 1.0 if action_matches(action, expert, box) else 0.5
+
+
+def expert_action(row: dict) -> Action:
+    return Action(type=row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
+                  key=row["key"] or "")  # fmt: skip
+
+
+def trajectories(frame: pl.DataFrame) -> list[list[dict]]:
+    """Expert steps (TRAJECTORY_COLUMNS) grouped into trajectories, each in step order."""
+    ordered = frame.sort("episode_id", "step")
+    return [group.to_dicts() for _, group in ordered.group_by("episode_id", maintain_order=True)]
+
+
+def act(runtime, tok, step: dict, previous: np.ndarray | None, sampling: Sampling, rng) -> tuple:
+    """(generation, parsed thought + action or None, well-formed 0/1, the screen) of the policy on an expert
+    step's screen."""
+    screen = decode_png(step["screenshot"])
+    gen, _ = runtime.step(screen, step["instruction"], previous, sampling, rng)
+    try:
+        parsed = tok.parse(gen.ids)
+    except ParseError:
+        return gen, None, 0.0, screen
+    return gen, parsed, float(bool(parsed.thought)), screen
+
+
+def semi_online_rollouts(runtime, frame: pl.DataFrame, config: SemiOnlineConfig, seed: int) -> pl.DataFrame:
+    """`config.rollouts` sampled rollouts of every expert trajectory in `frame`: one row per step taken, with
+    the generated tokens and their log mu, the step reward and whether it matched. Columns: episode_id (the
+    rollout), trajectory, step, task, instruction, screenshot, the sampled thought and action (SFT_COLUMNS'
+    names), tokens, token_logprobs, reward, matched."""
+    tok = runtime.tok
+    rng = np.random.default_rng(seed)
+    sampling = Sampling(config.temperature, config.top_k, seed=seed)
+    rows = []
+    for steps in trajectories(frame):
+        for r in range(config.rollouts):
+            patches, previous = 0, None
+            for step in steps:
+                gen, parsed, well_formed, screen = act(runtime, tok, step, previous, sampling, rng)
+                action = parsed.action if parsed else Action(type="noop")
+                score = action_score(parsed and parsed.action, expert_action(step), step["target_box"])
+                rows.append({"episode_id": f"{step['episode_id']}-so{r}", "trajectory": step["episode_id"],
+                             "step": step["step"], "task": step["task"], "instruction": step["instruction"],
+                             "screenshot": step["screenshot"], "thought": parsed.thought if parsed else "",
+                             "action_type": action.type, "x": action.x, "y": action.y, "text": action.text,
+                             "key": action.key, "tokens": list(gen.ids),
+                             "token_logprobs": list(gen.token_logprobs),
+                             "reward": float(semi_online_step_reward(torch.tensor(well_formed), torch.tensor(score))),
+                             "matched": score == 1.0})  # fmt: skip
+                previous = screen
+                if score < 1.0:
+                    patches += 1
+                    if patches > config.max_patches:
+                        break
+    return pl.DataFrame(rows, schema_overrides={"tokens": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float32)})
+
+
+def rollout_advantages(rows: pl.DataFrame, config: SemiOnlineConfig) -> np.ndarray:
+    """(M,) the advantage of every row of semi_online_rollouts: step term over (trajectory, step index),
+    episode term over the trajectory's rollouts; 0 for rows of dropped groups (they are not trained on)."""
+    rows = rows.with_row_index("row")
+    returns = np.zeros(rows.height, dtype=np.float32)
+    totals = np.zeros(rows.height, dtype=np.float32)
+    first_returns, first_groups = [], []
+    for _, rollout in rows.group_by("episode_id", maintain_order=True):
+        rollout = rollout.sort("step")
+        g = semi_online_returns(torch.tensor(rollout["reward"].to_numpy(), dtype=torch.float32),
+                                torch.tensor(rollout["matched"].to_numpy()), config.gamma)  # fmt: skip
+        index = rollout["row"].to_numpy()
+        returns[index], totals[index] = g.numpy(), float(rollout["reward"].sum())
+        first_returns.append(float(g[0]))
+        first_groups.append(rollout["trajectory"][0])
+    trajectory_ids = {name: i for i, name in enumerate(dict.fromkeys(rows["trajectory"].to_list()))}
+    traj = torch.tensor([trajectory_ids[t] for t in rows["trajectory"].to_list()])
+    step_groups = traj * 10_000 + torch.tensor(rows["step"].to_numpy())
+    advantages = semi_online_advantages(torch.from_numpy(returns), step_groups, torch.from_numpy(totals), traj)
+    kept = informative_groups(torch.tensor(first_returns), torch.tensor([trajectory_ids[g] for g in first_groups]),
+                              config.min_group_std)  # fmt: skip
+    return torch.where(torch.isin(traj, kept), advantages, torch.zeros_like(advantages)).numpy()
+
+
+def sop(runtime, frame: pl.DataFrame) -> dict:
+    """Semi-online performance of the greedy policy on the expert trajectories in `frame`:
+    {"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}
+    (the means over tasks, unweighted as the tier means are)."""
+    per_task: dict[str, list[tuple[float, bool]]] = {}
+    for steps in trajectories(frame):
+        matched, previous = 0, None
+        for step in steps:
+            _, parsed, _, screen = act(runtime, runtime.tok, step, previous, GREEDY, None)
+            if parsed is None or not action_matches(parsed.action, expert_action(step), step["target_box"]):
+                break
+            matched, previous = matched + 1, screen
+        per_task.setdefault(steps[0]["task"], []).append((matched / len(steps), matched == len(steps)))
+    tasks = {
+        task: {"sop_progress": float(np.mean([p for p, _ in runs])),
+               "sop_success": float(np.mean([s for _, s in runs])), "trajectories": len(runs)}
+        for task, runs in per_task.items()
+    }  # fmt: skip
+    return {
+        "tasks": tasks,
+        "sop_progress": float(np.mean([t["sop_progress"] for t in tasks.values()])) if tasks else 0.0,
+        "sop_success": float(np.mean([t["sop_success"] for t in tasks.values()])) if tasks else 0.0,
+    }
+
+
+def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, start_checkpoint, reference_checkpoint,
+                       out_dir, seed: int = 0):  # fmt: skip
+    """One semi-online RL update: rollouts of the current model (out_dir's, else start_checkpoint's) over the
+    expert trajectories in `expert` (TRAJECTORY_COLUMNS), their advantages, one PPO update with a constant
+    small KL to the SFT reference. Returns (VLAResult, {"rollout_steps", "matched", "trained_steps"})."""
+    from pathlib import Path
+
+    from learner.online_rl import OnlineRLConfig, ppo_update
+    from learner.vla_export import export_bundle
+    from learner.vla_sft import CHECKPOINT_NAME, load_vla
+    from policy.runtime import VLARuntime
+
+    out = Path(out_dir)
+    current = out / "ppo" / CHECKPOINT_NAME
+    model, tok, pruning = load_vla(current if current.exists() else start_checkpoint)
+    runtime = VLARuntime(export_bundle(model, tok, pruning, out / "rollouts.vla"))
+    rows = semi_online_rollouts(runtime, expert, config, seed)
+    rows = rows.with_columns(pl.Series("advantage", rollout_advantages(rows, config)))
+    # Constant beta: a warm-up longer than any run, so the KL term never anneals away.
+    rl = OnlineRLConfig(guidance="refkl", beta=config.kl_beta, beta_warmup_steps=10**9)
+    result = ppo_update(rows, train, rl, start_checkpoint, reference_checkpoint, out / "ppo")
+    stats = {"rollout_steps": rows.height, "matched": float(rows["matched"].mean()),
+             "trained_steps": int((rows["advantage"] != 0).sum())}  # fmt: skip
+    return result, stats

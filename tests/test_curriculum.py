@@ -1,0 +1,52 @@
+"""`flywheel experiment curriculum`: its bookkeeping, and one tiny real run (browser, SFT, offline, online)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from flywheel.curriculum import ARMS, stage_at, tier_means
+
+
+def test_tier_means_are_over_the_evaluated_tasks_of_each_tier():
+    rates = {"miniwob/click-test-v1": 1.0, "click-button": 0.5, "miniwob/enter-text-v1": 0.25}
+    assert tier_means(rates) == (0.75, 0.25)
+    assert tier_means({"click-test": 1.0}) == (1.0, None)
+
+
+def test_an_arm_spends_its_budget_in_its_stages_after_sft():
+    assert stage_at(ARMS["sft_offline_refkl"], 0.0, 100.0, 0.3) == "offline_rl"
+    assert stage_at(ARMS["sft_offline_refkl"], 30.0, 100.0, 0.3) == "online_rl:refkl"
+    assert stage_at(ARMS["sft_ppo"], 0.0, 100.0, 0.3) == "online_rl:none"
+    assert stage_at(ARMS["sft"], 50.0, 100.0, 0.3) == "sft"  # more SFT, the baseline at the same budget
+    assert stage_at(ARMS["offline_only"], 0.0, 100.0, 0.3) == "offline_rl"
+    assert set(ARMS) == {"sft", "sft_offline", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
+                         "sft_ppo", "offline_only", "sft_semi_online"}  # fmt: skip
+
+
+def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
+    out = tmp_path / "curriculum"
+    args = [sys.executable, "-m", "flywheel.cli", "experiment", "curriculum", "--out", str(out),
+            "--tasks", "click-test", "--episodes", "2", "--curve-points", "1", "--budget-minutes", "0.05",
+            "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2", "--repeats", "2", "--update-steps", "2",
+            "--arms", "sft,sft_ppo,offline_only"]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "curriculum.json").read_text())
+    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only"}
+    for arm, entry in report["arms"].items():
+        assert entry["stages"] == list(ARMS[arm])
+        assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0 and entry["tier2_mean"] is None
+        assert entry["curve"][-1]["spent_s"] >= 3.0 and entry["rounds"] >= 1  # the budget was spent training
+    sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))
+    assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
+    assert (online["curve"][-1]["stage"], offline["curve"][-1]["stage"]) == ("online_rl:none", "offline_rl")
+    # Online RL pays for its own rollouts, offline RL for the logged fleet's; SFT only for the demonstrations.
+    assert online["env_steps"] > sft["env_steps"] > 0 and offline["env_steps"] > sft["env_steps"]
+    assert (out / "curriculum.png").stat().st_size > 0
+
+    states = {arm: json.loads((out / arm / "state.json").read_text()) for arm in report["arms"]}
+    again = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {arm: json.loads((out / arm / "state.json").read_text()) for arm in report["arms"]} == states  # resumed
