@@ -64,3 +64,19 @@ def load_rollouts(
         .with_columns(pl.col(c).fill_null(pl.lit([], dtype=ROLLOUT_TYPES[c])) for c in ("tokens", "token_logprobs"))
         .collect()
     )
+
+
+def load_trajectories(tables_dir: Path, versions: dict[str, int] | None = None) -> pl.DataFrame:
+    """The demonstrations as expert trajectories for semi-online RL and SOP (learner.semi_online): SFT_COLUMNS
+    + target_box (each click's element box; empty in tables written before the experts recorded it), in
+    episode and step order. Curation keeps only successful demonstrations, so every trajectory reaches its goal."""
+    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
+    if "target_box" not in steps.collect_schema().names():
+        steps = steps.with_columns(pl.lit([], dtype=pl.List(pl.Float32)).alias("target_box"))
+    samples = load_samples(tables_dir, ("demo",), versions).select("episode_id", "step")
+    return (
+        samples.lazy()
+        .join(steps.select(*SFT_COLUMNS, "target_box"), on=["episode_id", "step"], how="inner")
+        .sort("episode_id", "step")
+        .collect()
+    )

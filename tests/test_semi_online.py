@@ -118,3 +118,39 @@ def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
     entry = result["tasks"]["click-test"]
     assert entry["trajectories"] == 2 and 0.0 <= entry["sop_progress"] <= 1.0
     assert result["sop_success"] <= result["sop_progress"]
+
+
+def test_expert_trajectories_come_from_the_delta_tables_with_their_boxes(tmp_path):
+    from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+    from learner.data import load_trajectories
+    from processors.curation import Curated
+    from processors.delta_sink import DeltaSink, Record
+    from processors.rows import episode_row, sample_rows, step_row
+    from schemas import EpisodeEvent, StepEvent, Verify
+
+    sinks = {t: DeltaSink(tmp_path, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}
+    image, (x0, y0, x1, y1) = box_screen(3)
+    box = (float(x0), float(y0), float(x1), float(y1))
+    for step in range(2):
+        event = StepEvent(event_id=f"s{step}", client_id="c0", produced_at=1.0, episode_id="demo-3", step=step,
+                          task="click-box", instruction="Click the box.", screenshot=encode_png(image),
+                          thought="Click.", action=Action("click", x=(x0 + x1) / 2, y=(y0 + y1) / 2),
+                          model_version="expert", verify=Verify(), reward=1.0, done=step == 1, seed=3,
+                          target_box=box, termination="success" if step == 1 else None)  # fmt: skip
+        sinks[STEPS].write([Record("steps", 0, step, [step_row(event, 0, step)])])
+    episode = EpisodeEvent(event_id="e", client_id="c0", produced_at=1.0, episode_id="demo-3", task="click-box",
+                           seed=3, steps=2, raw_reward=1.0, binary_reward=1.0, success=True, termination="success",
+                           model_version="expert", score=1.0, policy="expert")  # fmt: skip
+    sinks[EPISODES].write([Record("episodes", 0, 0, [episode_row(episode, 0, 0)])])
+    sinks[TRAINING_SAMPLES].write([Record("episodes", 0, 0, sample_rows(episode, Curated("demo", 1.0, "t"), 0, 0))])
+
+    frame = load_trajectories(tmp_path)
+    assert frame["step"].to_list() == [0, 1] and frame["target_box"].to_list() == [list(box), list(box)]
+    assert sop(VLARuntime(export_bundle(*_tiny(tmp_path), tmp_path / "t.vla")), frame)["tasks"]["click-box"][
+        "trajectories"] == 1  # fmt: skip
+
+
+def _tiny(tmp_path):
+    train = VLATrainConfig(steps=1, batch_size=2, seed=0, keep_ratios=(1.0,), progress_bar=False, checkpoint_every=0)
+    result = train_vla(expert_frame(range(2)), train, tmp_path / "tiny", model_config=TINY, vocab_size=300)
+    return result.model, result.tokenizer, result.pruning
