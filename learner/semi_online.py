@@ -21,6 +21,7 @@ progress = the fraction of steps it matched, success = it matched them all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -196,8 +197,6 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     """One semi-online RL update: rollouts of the current model (out_dir's, else start_checkpoint's) over the
     expert trajectories in `expert` (TRAJECTORY_COLUMNS), their advantages, one PPO update with a constant
     small KL to the SFT reference. Returns (VLAResult, {"rollout_steps", "matched", "trained_steps"})."""
-    from pathlib import Path
-
     from learner.online_rl import OnlineRLConfig, ppo_update
     from learner.vla_export import export_bundle
     from learner.vla_sft import CHECKPOINT_NAME, load_vla
