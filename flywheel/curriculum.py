@@ -1,7 +1,8 @@
 """`flywheel experiment curriculum`: the curriculum's arms at the same budget, seeded, side by side.
 
     shared:  expert demonstrations -> SFT (the demo recipe) -> a logged fleet: the SFT model's sampled
-             rollouts on training seeds, R per seed (successes and failures: the offline stage's data)
+             rollouts on training seeds, R per seed (successes and failures: the offline stage's data,
+             recorded when an arm with an offline stage first runs)
     per arm: its stages after SFT, in rounds, until its budget (wall minutes of training and rollouts,
              evaluation excluded) is spent; evaluated greedily on held-out seeds at `curve_points` points
 
@@ -200,15 +201,24 @@ class Shared:
         meta.setdefault("sft_wall_s", round(time.perf_counter() - started, 1))
         meta.setdefault("sft_cpu_s", round(time.process_time() - cpu, 1))
         self.sft_checkpoint = sft.checkpoint_path
-        if not (self.dir / "logged.parquet").exists():
-            say(f"logged fleet: the SFT model, {config.log_seeds} seeds x {config.repeats} rollouts per task")
-            seeds = range(LOG_SEED, LOG_SEED + config.log_seeds)
-            logged, meta["log_env_steps"] = self.rollouts(env, sft.model, sft.tokenizer, sft.pruning, seeds, "sft",
-                                                          self.dir / "log.vla")  # fmt: skip
-            logged.write_parquet(self.dir / "logged.parquet")
-        self.logged = pl.concat([self.demos, pl.read_parquet(self.dir / "logged.parquet")])
+        self.sft, self.env = sft, env
         meta_path.write_text(json.dumps(meta, indent=2))
-        self.meta = meta
+        self.meta, self._logged = meta, None
+
+    @property
+    def logged(self) -> pl.DataFrame:
+        """Demonstrations + the logged fleet (recorded on first use: only the offline stages read it)."""
+        if self._logged is None:
+            if not (self.dir / "logged.parquet").exists():
+                config, sft = self.config, self.sft
+                say(f"logged fleet: the SFT model, {config.log_seeds} seeds x {config.repeats} rollouts per task")
+                seeds = range(LOG_SEED, LOG_SEED + config.log_seeds)
+                logged, self.meta["log_env_steps"] = self.rollouts(self.env, sft.model, sft.tokenizer, sft.pruning,
+                                                                   seeds, "sft", self.dir / "log.vla")  # fmt: skip
+                logged.write_parquet(self.dir / "logged.parquet")
+                (self.dir / "meta.json").write_text(json.dumps(self.meta, indent=2))
+            self._logged = pl.concat([self.demos, pl.read_parquet(self.dir / "logged.parquet")])
+        return self._logged
 
     def rollouts(self, env, model, tok, pruning, seeds, version: str, bundle: Path):
         """Sampled rollouts of a model on every task: exported to `bundle`, run by onnxruntime as at the edge."""
@@ -224,8 +234,10 @@ class Shared:
 
     def env_steps(self, stages: tuple[str, ...]) -> int:
         """Environment steps of the shared data an arm reads: the demos, and the logged fleet for offline RL."""
-        steps = self.meta["demo_env_steps"]
-        return steps + (self.meta["log_env_steps"] if "offline_rl" in stages else 0)
+        if "offline_rl" not in stages:
+            return self.meta["demo_env_steps"]
+        self.logged  # noqa: B018  (recorded on first use, and its env steps with it)
+        return self.meta["demo_env_steps"] + self.meta["log_env_steps"]
 
 
 def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out: Path, origin: str):

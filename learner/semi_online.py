@@ -5,9 +5,10 @@ screenshot t. When its action does not match the expert's, the patch module puts
 place and the rollout goes on from the expert's next screen; after `max_patches` patches the next mismatch
 ends it. The mismatched sample stays in the batch with its low reward. No environment is touched.
 
-This VLA's only memory of earlier steps is the previous frame its pruning prior reads (policy.pruning), and
-that frame is always the expert's: so here a patch changes nothing the next step sees, and what the patch
-budget decides is how far a rollout goes. Rewards, returns and advantages: learner.rl_losses
+The policy's history is its prompt's record of the episode's earlier actions (VLAConfig.history_actions):
+its own where they matched, the expert's where a step was patched; each row keeps the exact prompt it was
+sampled from (`prompt`), so the update scores the tokens under what the policy saw. The previous frame its
+pruning prior reads is always the expert's. Rewards, returns and advantages: learner.rl_losses
 (semi_online_step_reward, semi_online_returns, semi_online_advantages, informative_groups).
 
 Matching: a click matches when it falls inside the expert target's element box (recorded by the experts,
@@ -99,11 +100,12 @@ def trajectories(frame: pl.DataFrame) -> list[list[dict]]:
     return [group.to_dicts() for _, group in ordered.group_by("episode_id", maintain_order=True)]
 
 
-def act(runtime, tok, step: dict, previous: np.ndarray | None, sampling: Sampling, rng) -> tuple:
+def act(runtime, tok, step: dict, previous: np.ndarray | None, history: list[Action], sampling: Sampling,
+        rng) -> tuple:  # fmt: skip
     """(generation, parsed thought + action or None, well-formed 0/1, the screen) of the policy on an expert
-    step's screen."""
+    step's screen, with `history` its actions so far."""
     screen = decode_png(step["screenshot"])
-    gen, _ = runtime.step(screen, step["instruction"], previous, sampling, rng)
+    gen, _ = runtime.step(screen, step["instruction"], previous, sampling, rng, history)
     try:
         parsed = tok.parse(gen.ids)
     except ParseError:
@@ -115,32 +117,36 @@ def semi_online_rollouts(runtime, frame: pl.DataFrame, config: SemiOnlineConfig,
     """`config.rollouts` sampled rollouts of every expert trajectory in `frame`: one row per step taken, with
     the generated tokens and their log mu, the step reward and whether it matched. Columns: episode_id (the
     rollout), trajectory, step, task, instruction, screenshot, the sampled thought and action (SFT_COLUMNS'
-    names), tokens, token_logprobs, reward, matched."""
+    names), prompt (the ids it was sampled from, history included), tokens, token_logprobs, reward, matched."""
     tok = runtime.tok
     rng = np.random.default_rng(seed)
     sampling = Sampling(config.temperature, config.top_k, seed=seed)
     rows = []
     for steps in trajectories(frame):
         for r in range(config.rollouts):
-            patches, previous = 0, None
+            patches, previous, history = 0, None, []
             for step in steps:
-                gen, parsed, well_formed, screen = act(runtime, tok, step, previous, sampling, rng)
+                gen, parsed, well_formed, screen = act(runtime, tok, step, previous, history, sampling, rng)
                 action = parsed.action if parsed else Action(type="noop")
-                score = action_score(parsed and parsed.action, expert_action(step), step["target_box"])
+                expert = expert_action(step)
+                score = action_score(parsed and parsed.action, expert, step["target_box"])
                 rows.append({"episode_id": f"{step['episode_id']}-so{r}", "trajectory": step["episode_id"],
                              "step": step["step"], "task": step["task"], "instruction": step["instruction"],
                              "screenshot": step["screenshot"], "thought": parsed.thought if parsed else "",
                              "action_type": action.type, "x": action.x, "y": action.y, "text": action.text,
-                             "key": action.key, "tokens": list(gen.ids),
-                             "token_logprobs": list(gen.token_logprobs),
+                             "key": action.key, "prompt": runtime.prompt(step["instruction"], history),
+                             "tokens": list(gen.ids), "token_logprobs": list(gen.token_logprobs),
                              "reward": float(semi_online_step_reward(torch.tensor(well_formed), torch.tensor(score))),
                              "matched": score == 1.0})  # fmt: skip
                 previous = screen
+                # The patch module: a mismatched action is replaced by the expert's in the history.
+                history.append(action if score == 1.0 else expert)
                 if score < 1.0:
                     patches += 1
                     if patches > config.max_patches:
                         break
-    return pl.DataFrame(rows, schema_overrides={"tokens": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float32)})
+    types = {"prompt": pl.List(pl.Int32), "tokens": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float32)}
+    return pl.DataFrame(rows, schema_overrides=types)
 
 
 def rollout_advantages(rows: pl.DataFrame, config: SemiOnlineConfig) -> np.ndarray:
@@ -173,12 +179,13 @@ def sop(runtime, frame: pl.DataFrame) -> dict:
     (the means over tasks, unweighted as the tier means are)."""
     per_task: dict[str, list[tuple[float, bool]]] = {}
     for steps in trajectories(frame):
-        matched, previous = 0, None
+        matched, previous, history = 0, None, []
         for step in steps:
-            _, parsed, _, screen = act(runtime, runtime.tok, step, previous, GREEDY, None)
+            _, parsed, _, screen = act(runtime, runtime.tok, step, previous, history, GREEDY, None)
             if parsed is None or not action_matches(parsed.action, expert_action(step), step["target_box"]):
                 break
             matched, previous = matched + 1, screen
+            history.append(parsed.action)
         per_task.setdefault(steps[0]["task"], []).append((matched / len(steps), matched == len(steps)))
     tasks = {
         task: {"sop_progress": float(np.mean([p for p, _ in runs])),

@@ -6,7 +6,7 @@ that writes a short thought and then action tokens (policy.tokens).
     instruction ids (B, L) ─ wte ─ masked mean ─ MLP ─> query q (B, r)
     relevance (B, N) = <W_k patches, q> / sqrt(r)                       (trained to point at the target patch)
     kept = top-k(relevance + prior)                                     (policy.pruning; k fixed per batch)
-    decoder input = [patches[kept] | <bos> instruction <sep> | thought <act> type x y ... <eos>]
+    decoder input = [patches[kept] | <bos> instruction history <sep> | thought <act> type x y ... <eos>]
     GPT2LMHeadModel (tied embeddings) ─> next-token logits
 
 Coordinate tokens are scored by pointing (`coordinate_logits`): the decoder state h_t queries the kept visual
@@ -78,6 +78,9 @@ class VLAConfig:
     """Width r of the patch-instruction relevance dot product that ranks patches for pruning."""
     max_instruction_tokens: int = 48
     max_thought_tokens: int = 32
+    history_actions: int = 0
+    """The latest actions of the episode the prompt carries (policy.tokens): the model's memory of what it did.
+    0: none (the models before it)."""
     bin_px: int = 5
     """Pixels per coordinate token (must match the tokenizer's)."""
     encoder: str = "patch"
@@ -103,6 +106,8 @@ class VLAConfig:
                 data.pop(name)
         if not self.pointer_relevance:
             data.pop("pointer_relevance")
+        if not self.history_actions:
+            data.pop("history_actions")
         return data
 
     @classmethod

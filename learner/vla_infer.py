@@ -8,6 +8,7 @@ cannot be used as is: the coordinate tokens are scored by the model's pointer he
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from policy.runtime import StepTiming
 from policy.sampling import Generation, generate
 from policy.screen import screenshot_to_chw
 from policy.tokens import ActionTokenizer, char_ids
+from schemas import Action
 
 
 @torch.inference_mode()
@@ -29,14 +31,16 @@ def torch_step(
     screenshot: np.ndarray,
     instruction: str,
     previous: np.ndarray | None,
+    history: Sequence[Action] = (),
 ) -> tuple[Generation, StepTiming]:
     """One step, greedy, in PyTorch eager mode: the twin of VLARuntime.step."""
     cfg = model.cfg
     t0 = time.perf_counter()
-    prompt = tok.prompt_ids(instruction, cfg.max_instruction_tokens)
+    prompt = tok.prompt_ids(instruction, cfg.max_instruction_tokens, history, cfg.history_actions)
     image = torch.from_numpy(screenshot_to_chw(screenshot)[None])
     chars = torch.tensor([char_ids(instruction, cfg.max_instruction_chars)])
-    encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]), chars)
+    encoded = model.encode(image, torch.tensor([tok.instruction_ids(instruction, cfg.max_instruction_tokens) or [0]]),
+                           chars)  # fmt: skip
     prior = patch_prior(screenshot, previous, cfg.patch_px, pruning)
     kept = select_patches(encoded.relevance[0].numpy(), prior, keep_count(cfg.num_patches, pruning.keep_ratio))
     kept_t = torch.from_numpy(kept)[None]

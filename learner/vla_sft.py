@@ -95,11 +95,19 @@ class VLADataset:
         # A model's rollout is scored on the ids it generated (exact for importance ratios), a
         # demonstration on the tokenisation of its thought and action.
         self.generated: list[list[int]] = []
-        for row in frame.iter_rows(named=True):
+        # The prompt's history: the actions of the episode's earlier steps (those taken, as the edge
+        # remembers them), unless a row carries the exact prompt it was sampled from (semi-online rollouts,
+        # whose history holds the expert's action where a step was patched).
+        histories: list[list[Action]] = []
+        explicit = frame["prompt"].to_list() if "prompt" in frame.columns else [None] * frame.height
+        for i, row in enumerate(frame.iter_rows(named=True)):
             action = Action(row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
                             key=row["key"] or "")  # fmt: skip
-            prompt = tok.prompt_ids(row["instruction"] or "", cfg.max_instruction_tokens)
-            self.instruction.append(prompt[1:-1])
+            before = self.previous[i]
+            histories.append([*histories[before], self.action[before]] if before >= 0 else [])
+            prompt = explicit[i] or tok.prompt_ids(row["instruction"] or "", cfg.max_instruction_tokens,
+                                                   histories[i], cfg.history_actions)  # fmt: skip
+            self.instruction.append(tok.instruction_ids(row["instruction"] or "", cfg.max_instruction_tokens))
             self.chars.append(char_ids(row["instruction"] or "", cfg.max_instruction_chars))
             self.thought.append(row["thought"] or "")
             self.action.append(action)

@@ -3,7 +3,7 @@
 One step:
     encoder(image, instruction)        -> patches (N, d), relevance (N,)   (instruction as BPE ids or characters)
     select_patches(relevance + prior)  -> kept (k,)                       (policy.pruning)
-    prefill([patches[kept] | wte[<bos> instruction <sep>]])  -> logits, KV cache (copied into the cache buffers)
+    prefill([patches[kept] | wte[<bos> instruction history <sep>]])  -> logits, KV cache (into the cache buffers)
     repeat: token = argmax or a draw (policy.sampling) of the logits masked by the action grammar;
             decode(wte[token], cache) until <eos>
             (decode appends the token's keys/values to the cache buffers in place)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from policy.pruning import PruningConfig, keep_count, patch_prior, select_patche
 from policy.sampling import GREEDY, MAX_NEW_TOKENS, Generation, Sampling, generate
 from policy.screen import POSITIONAL_TYPES, screenshot_to_chw
 from policy.tokens import ActionTokenizer, Parsed, char_ids
+from schemas import Action
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class VLARuntime:
         # The KV cache: one buffer per layer and K/V, bound as both the decode graph's cache input and its
         # present output, which its attention appends to in place. Room for every patch and the longest
         # prompt and answer; a step only reads the slots it filled.
-        capacity = self.num_patches + int(self.config["max_instruction_tokens"]) + 2 + MAX_NEW_TOKENS
+        self.history_actions = int(self.config.get("history_actions", 0))
+        prompt_room = (
+            int(self.config["max_instruction_tokens"]) + 2 + ActionTokenizer.max_history_tokens(self.history_actions)
+        )
+        capacity = self.num_patches + prompt_room + MAX_NEW_TOKENS
         self.cache = [np.zeros((1, heads, capacity, d // heads), np.float32) for _ in range(2 * layers)]
         self.logits = np.zeros((1, self.tok.vocab_size), np.float32)
         self.binding = self.decode.io_binding()
@@ -84,26 +90,29 @@ class VLARuntime:
             self.binding.bind_ortvalue_output(f"present_{name}", ort.OrtValue.ortvalue_from_numpy(buffer))
         self.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.logits))
 
-    def prompt(self, instruction: str) -> list[int]:
-        return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]))
+    def prompt(self, instruction: str, history: Sequence[Action] = ()) -> list[int]:
+        return self.tok.prompt_ids(instruction, int(self.config["max_instruction_tokens"]), history,
+                                   self.history_actions)  # fmt: skip
 
-    def encoder_feeds(self, screenshot: np.ndarray, instruction: str, prompt: list[int]) -> dict[str, np.ndarray]:
+    def encoder_feeds(self, screenshot: np.ndarray, instruction: str) -> dict[str, np.ndarray]:
         """The encoder graph's inputs: the screen, and the instruction as BPE ids or as characters."""
         feeds = {"image": screenshot_to_chw(screenshot)[None]}
         if self.config.get("encoder", "patch") == "reading":
             feeds["instruction_chars"] = np.array([char_ids(instruction, int(self.config["max_instruction_chars"]))])
         else:
-            feeds["instruction_ids"] = np.array([prompt[1:-1] or [0]], dtype=np.int64)
+            ids = self.tok.instruction_ids(instruction, int(self.config["max_instruction_tokens"]))
+            feeds["instruction_ids"] = np.array([ids or [0]], dtype=np.int64)
         return feeds
 
     def step(
         self, screenshot: np.ndarray, instruction: str, previous: np.ndarray | None,
-        sampling: Sampling = GREEDY, rng: np.random.Generator | None = None,
+        sampling: Sampling = GREEDY, rng: np.random.Generator | None = None, history: Sequence[Action] = (),
     ) -> tuple[Generation, StepTiming]:  # fmt: skip
-        """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None."""
+        """One think step on a (210, 160, 3) screenshot; `previous` is the episode's previous frame or None,
+        `history` its actions so far (read when the model was trained with history_actions > 0)."""
         t0 = time.perf_counter()
-        prompt = self.prompt(instruction)
-        patches, relevance, pointer_keys = self.encoder.run(None, self.encoder_feeds(screenshot, instruction, prompt))
+        prompt = self.prompt(instruction, history)
+        patches, relevance, pointer_keys = self.encoder.run(None, self.encoder_feeds(screenshot, instruction))
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
         kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
         t1 = time.perf_counter()
@@ -176,7 +185,8 @@ def decision_from(parsed: Parsed, gen: Generation, timing: StepTiming, sampling:
 
 
 class VLAPolicy:
-    """Policy protocol over a VLA bundle. Remembers the previous frame of the episode for pruning.
+    """Policy protocol over a VLA bundle. Remembers the episode's previous frame (for pruning) and its actions
+    so far (the prompt's history).
 
     `sampling` greedy (the default) for eval; a temperature > 0 explores (policy.sampling)."""
 
@@ -187,9 +197,15 @@ class VLAPolicy:
         self.sampling = sampling
         self._rng = np.random.default_rng(sampling.seed)
         self._previous: np.ndarray | None = None
+        self._history: list[Action] = []
 
     def act(self, obs: Observation) -> Decision:
         previous = self._previous if obs.step > 0 else None
+        if obs.step == 0:
+            self._history = []
         self._previous = obs.screenshot
-        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous, self.sampling, self._rng)
-        return decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)
+        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous, self.sampling, self._rng,
+                                        self._history)  # fmt: skip
+        decision = decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)
+        self._history.append(decision.action)
+        return decision

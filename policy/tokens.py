@@ -2,7 +2,7 @@
 
 Torch-free (the edge uses it). One sequence per step:
 
-    prompt:  <bos> instruction-BPE <sep>
+    prompt:  <bos> instruction-BPE [history: <act> type x y | <act> type text ...] <sep>
     target:  thought-BPE <act> <click>|<scroll> <x_i> <y_j> <eos>
                                <type>|<key> text-BPE <eos>
                                <noop> <eos>
@@ -10,13 +10,17 @@ Torch-free (the edge uses it). One sequence per step:
 Click coordinates are discretised over the 160x210 task area in bins of `bin_px` pixels (default 5:
 32 x-bins, 42 y-bins); a decoded bin means its centre pixel. Special tokens come first in the id space,
 in SPECIAL_TOKENS order, so <pad> is 0 whatever the BPE learns.
+
+History: a model whose config sets `history_actions` > 0 sees the latest actions of its episode in its
+prompt, oldest first, each as its action tokens (a typed text cut to HISTORY_TEXT_TOKENS). That is how it
+knows which step of a multi-step task it is at when the screen alone does not say (click-button-sequence).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +32,7 @@ from schemas import Action
 
 PAD, BOS, SEP, ACT, EOS = "<pad>", "<bos>", "<sep>", "<act>", "<eos>"
 DEFAULT_SCROLL_DY = 50.0  # the experts scroll by 50 px; the action grammar carries no scroll distance
+HISTORY_TEXT_TOKENS = 8  # a typed text or key name in the history is cut to this many BPE tokens
 _COORDINATES = re.compile(r"\s*(?:is |are )?(?:at |in )?\(\d+, \d+\)")
 
 
@@ -101,18 +106,33 @@ class ActionTokenizer:
     def text_ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
 
-    def prompt_ids(self, instruction: str, max_tokens: int) -> list[int]:
-        return [self.bos_id, *self.text_ids(instruction.strip())[:max_tokens], self.sep_id]
+    def instruction_ids(self, instruction: str, max_tokens: int) -> list[int]:
+        """The instruction's BPE ids: the prompt's first part and the encoder's relevance query."""
+        return self.text_ids(instruction.strip())[:max_tokens]
 
-    def target_ids(self, thought: str, action: Action, max_thought_tokens: int) -> list[int]:
-        ids = [*self.text_ids(short_thought(thought))[:max_thought_tokens], self.act_id, self.type_ids[action.type]]
+    def prompt_ids(self, instruction: str, max_tokens: int, history: Sequence[Action] = (),
+                   history_actions: int = 0) -> list[int]:  # fmt: skip
+        """<bos> instruction [the last `history_actions` of `history`, oldest first] <sep>."""
+        recent = list(history)[-history_actions:] if history_actions else []
+        past = [i for action in recent for i in self.action_ids(action, HISTORY_TEXT_TOKENS)]
+        return [self.bos_id, *self.instruction_ids(instruction, max_tokens), *past, self.sep_id]
+
+    @staticmethod
+    def max_history_tokens(history_actions: int) -> int:
+        """The most prompt tokens `history_actions` past actions take (<act> type + 2 coordinates or a text)."""
+        return history_actions * (2 + max(2, HISTORY_TEXT_TOKENS))
+
+    def action_ids(self, action: Action, max_text_tokens: int | None = None) -> list[int]:
+        """<act> type, then x y (click, scroll) or the text (type) or the key name (key)."""
+        ids = [self.act_id, self.type_ids[action.type]]
         if action.type in POSITIONAL_TYPES:
             ids += [self.x0 + self._bin(action.x, self.nx), self.y0 + self._bin(action.y, self.ny)]
-        elif action.type == "type":
-            ids += self.text_ids(action.text)
-        elif action.type == "key":
-            ids += self.text_ids(action.key)
-        return [*ids, self.eos_id]
+        elif action.type in ("type", "key"):
+            ids += self.text_ids(action.text if action.type == "type" else action.key)[:max_text_tokens]
+        return ids
+
+    def target_ids(self, thought: str, action: Action, max_thought_tokens: int) -> list[int]:
+        return [*self.text_ids(short_thought(thought))[:max_thought_tokens], *self.action_ids(action), self.eos_id]
 
     def _bin(self, pixel: float, bins: int) -> int:
         return min(max(int(float(pixel) // self.bin_px), 0), bins - 1)

@@ -99,3 +99,17 @@ def box_screen(seed: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     y, x = int(rng.integers(60, 170)), int(rng.integers(10, 120))
     image[y : y + 30, x : x + 30] = (30, 80, 200)
     return image, (x, y, x + 30, y + 30)
+
+
+def two_box_screen(seed: int) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """A white screen with a red and a blue 30 px box at seeded places that do not overlap, and their boxes
+    (red first): a synthetic two-step task ("click red, then blue") whose screen never changes."""
+    rng = np.random.default_rng(seed)
+    image = np.full((210, 160, 3), 255, dtype=np.uint8)
+    red_x, blue_x = (10, 90) if rng.random() < 0.5 else (90, 10)
+    boxes = []
+    for x, colour in ((red_x, (210, 40, 40)), (blue_x, (30, 80, 200))):
+        x, y = x + int(rng.integers(0, 30)), int(rng.integers(60, 170))
+        image[y : y + 30, x : x + 30] = colour
+        boxes.append((x, y, x + 30, y + 30))
+    return image, boxes

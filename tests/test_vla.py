@@ -82,6 +82,39 @@ def test_every_action_type_round_trips_through_tokens(frame):
         assert abs(parsed.action.x - action.x) <= 2.5 and abs(parsed.action.y - action.y) <= 2.5
 
 
+def test_the_prompt_carries_the_latest_actions_oldest_first(frame):
+    from policy.tokens import HISTORY_TEXT_TOKENS
+
+    tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=300)
+    plain = tok.prompt_ids("Click OK.", 48)
+    history = [Action("click", x=10, y=20), Action("type", text="a long text " * 20), Action("key", key="Enter")]
+    assert tok.prompt_ids("Click OK.", 48, history, history_actions=0) == plain
+    two = tok.prompt_ids("Click OK.", 48, history, history_actions=2)
+    typed = tok.action_ids(history[1], HISTORY_TEXT_TOKENS)
+    assert len(typed) == 2 + HISTORY_TEXT_TOKENS  # a long typed text is cut
+    assert two == plain[:-1] + typed + tok.action_ids(history[2]) + plain[-1:]
+    assert tok.prompt_ids("Click OK.", 48, history[:1], history_actions=2) == plain[:-1] + tok.action_ids(
+        history[0]) + plain[-1:]  # fmt: skip
+    assert len(two) - len(plain) <= tok.max_history_tokens(2)
+
+
+def test_the_dataset_rebuilds_each_steps_history_from_its_episodes_earlier_steps(frame):
+    tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=300)
+    cfg = VLAConfig(vocab_size=tok.vocab_size, **TINY, history_actions=2)
+    episode = frame.filter(pl.col("task") == "enter-text").sort("episode_id", "step")
+    episode = episode.filter(pl.col("episode_id") == episode["episode_id"][0])
+    assert episode.height >= 3
+    data = VLADataset(episode.reverse(), tok, cfg, PruningConfig())  # sorted by the dataset itself
+    actions = [Action(r["action_type"], x=r["x"], y=r["y"], text=r["text"], key=r["key"])
+               for r in episode.iter_rows(named=True)]  # fmt: skip
+    for step in range(episode.height):
+        want = tok.prompt_ids(episode["instruction"][0], cfg.max_instruction_tokens, actions[:step], 2)
+        assert data.prompt[step] == want
+    # a row that carries the prompt it was sampled from keeps it
+    given = episode.with_columns(pl.Series("prompt", [[1, 7, 2]] * episode.height, dtype=pl.List(pl.Int32)))
+    assert VLADataset(given, tok, cfg, PruningConfig()).prompt[1] == [1, 7, 2]
+
+
 def test_bad_token_sequences_are_refused_with_a_reason(frame):
     tok = train_tokenizer(frame["instruction"].to_list(), vocab_size=300)
     with pytest.raises(ParseError, match="no <act>"):
@@ -217,6 +250,31 @@ def test_onnx_greedy_output_equals_torch_greedy_output(trained, frame, bundle, k
         assert got_timing.visual_tokens_kept == want_timing.visual_tokens_kept == keep_count(336, keep_ratio)
 
 
+def test_a_model_with_history_acts_at_the_edge_as_torch_does_and_remembers_its_episode(trained, frame, tmp_path):
+    from policy.interface import Observation
+
+    tok = trained[0].tokenizer
+    torch.manual_seed(0)
+    model = VLA(VLAConfig(vocab_size=tok.vocab_size, **TINY, history_actions=3)).eval()
+    pruning = PruningConfig(keep_ratio=1.0)
+    path = export_bundle(model, tok, pruning, tmp_path / "history.vla")
+    runtime = VLARuntime(path)
+    row = frame.row(0, named=True)
+    screen = decode_png(row["screenshot"])
+    history = [Action("click", x=30, y=90), Action("type", text="hello"), Action("key", key="Enter")]
+    want, _ = torch_step(model, tok, pruning, screen, row["instruction"], None, history)
+    got, _ = runtime.step(screen, row["instruction"], None, history=history)
+    assert got.ids == want.ids and got.action_logprob == pytest.approx(want.action_logprob, abs=1e-3)
+    # The policy feeds its own earlier actions of the episode back, and forgets them at a new episode.
+    policy = VLAPolicy(path, "h")
+    first = policy.act(Observation("t", row["instruction"], screen, step=0))
+    second = policy.act(Observation("t", row["instruction"], screen, step=1))
+    alone, _ = runtime.step(screen, row["instruction"], screen, history=[first.action])
+    assert list(second.tokens) == alone.ids
+    again = policy.act(Observation("t", row["instruction"], screen, step=0))
+    assert again.tokens == first.tokens
+
+
 def test_int8_bundle_quantises_matmuls_and_still_acts(frame, bundle):
     import zipfile
 
@@ -254,7 +312,7 @@ def test_a_model_with_word_context_exports_and_the_edge_encodes_as_torch_does(tr
     bundle = export_bundle(model, tok, PruningConfig(keep_ratio=0.25), tmp_path / "context.vla")
     runtime = VLARuntime(bundle)
     row = frame.row(0, named=True)
-    feeds = runtime.encoder_feeds(decode_png(row["screenshot"]), row["instruction"], runtime.prompt(row["instruction"]))
+    feeds = runtime.encoder_feeds(decode_png(row["screenshot"]), row["instruction"])
     got_patches, got_relevance, _ = runtime.encoder.run(None, feeds)
     image, ids = torch.from_numpy(feeds["image"]), torch.from_numpy(feeds["instruction_ids"])
     with torch.inference_mode():
