@@ -12,7 +12,7 @@ PYTHON="$FLYWHEEL_VENV/bin/python"
 if [ "${1:-}" = "test" ]; then
   shift
   set +e
-  "$PYTHON" -m pytest -ra "$@"
+  "$PYTHON" -m pytest -ra --durations=15 "$@"  # the slowest tests listed: the suite must stay under 30 min
   rc=$?
   if [ $rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi
   exit $rc
