@@ -15,6 +15,7 @@
     sft_ppo             online PPO from SFT, no offline stage, no guidance
     offline_only        offline RL from a fresh model (no SFT), the same data, SFT's steps + the budget
     sft_semi_online     semi-online RL (learner.semi_online) on the demonstrations: no environment steps
+    sft_semi_online_views  ... each trajectory's rollouts on one random view of it (SEMI_ONLINE_VIEWS)
 
 Every post-SFT stage uses the same learning rate (rl_lr) and optimizer steps per round. Rollouts run in
 a local browser through the fleet's own loop (edge_client.episode) and become the rows the pipeline would
@@ -47,7 +48,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "sft_ppo": ("sft", "online_rl:none"),
     "offline_only": ("offline_rl",),
     "sft_semi_online": ("sft", "semi_online"),
+    "sft_semi_online_views": ("sft", "semi_online:views"),
 }
+# The semi-online views (learner.semi_online): the training views of the vision experiment's augmented arm.
+SEMI_ONLINE_VIEWS = {"view_shift_px": 6, "view_scale": 0.05, "view_colour": 0.1}
 LOG_SEED, ROUND_SEED = 500_000, 600_000  # training seeds of the logged fleet and online rounds (eval: 1,000,000+)
 COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y",
            "text", "key", "tokens", "token_logprobs", "seed", "model_version", "purpose", "weight", "score",
@@ -258,12 +262,13 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
         return train_vla(shared.demos, train, out / "sft", init_checkpoint=start, stop_at=stop_at), 0
     if stage == "offline_rl":
         return train_offline_rl(shared.logged, train, OfflineRLConfig(), origin, out / "offline", stop_at=stop_at), 0
-    if stage == "semi_online":
+    if stage.startswith("semi_online"):
         episodes = shared.demos["episode_id"].unique(maintain_order=True).to_list()
         take = [episodes[(state.rounds * config.semi_online_trajectories + i) % len(episodes)]
                 for i in range(config.semi_online_trajectories)]  # fmt: skip
         batch = shared.demos.filter(pl.col("episode_id").is_in(take))
-        semi = SemiOnlineConfig(temperature=config.temperature, top_k=config.top_k)
+        views = SEMI_ONLINE_VIEWS if stage.endswith(":views") else {}
+        semi = SemiOnlineConfig(temperature=config.temperature, top_k=config.top_k, **views)
         result, _ = semi_online_update(batch, train, semi, start, shared.sft_checkpoint, out / "semi_online",
                                        seed=config.seed + state.rounds)  # fmt: skip
         return result, 0  # expert trajectories only: no environment step

@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.augment import random_view
 from learner.rl_losses import (
     informative_groups,
     semi_online_advantages,
@@ -35,7 +36,7 @@ from learner.rl_losses import (
     semi_online_step_reward,
 )
 from policy.sampling import GREEDY, Sampling
-from policy.screen import decode_png
+from policy.screen import POSITIONAL_TYPES, decode_png, encode_png
 from policy.tokens import ParseError
 from schemas import Action
 
@@ -60,6 +61,13 @@ class SemiOnlineConfig:
     """Rollouts sample among the k likeliest allowed tokens (0: all)."""
     kl_beta: float = 0.01
     """The small KL to the SFT reference that keeps the update near it (constant, never annealed)."""
+    view_shift_px: int = 0
+    """> 0: each trajectory's rollouts see it through one random view (learner.augment: shift up to this many
+    pixels, zoom 1 +- view_scale, colour jitter view_colour), the expert's click and box moved with the
+    pixels. A model that replays its own demonstrations exactly gives flat groups there; on a new view
+    it does not. 0 with view_scale and view_colour 0: the recorded screens."""
+    view_scale: float = 0.0
+    view_colour: float = 0.0
 
 
 def action_matches(action: Action, expert: Action, box: list[float] | None) -> bool:
@@ -113,6 +121,20 @@ def act(runtime, tok, step: dict, previous: np.ndarray | None, history: list[Act
     return gen, parsed, float(bool(parsed.thought)), screen
 
 
+def seen_through(steps: list[dict], view) -> list[dict]:
+    """A trajectory's steps through an augment.View: screens warped, the expert's click point and box moved."""
+    seen = []
+    for step in steps:
+        moved = {"screenshot": encode_png(view.apply(decode_png(step["screenshot"])))}
+        if step["action_type"] in POSITIONAL_TYPES:
+            moved["x"], moved["y"] = view.point(step["x"] or 0.0, step["y"] or 0.0)
+        if step["target_box"]:
+            left, top, right, bottom = step["target_box"]
+            moved["target_box"] = [*view.point(left, top), *view.point(right, bottom)]
+        seen.append(step | moved)
+    return seen
+
+
 def semi_online_rollouts(runtime, frame: pl.DataFrame, config: SemiOnlineConfig, seed: int) -> pl.DataFrame:
     """`config.rollouts` sampled rollouts of every expert trajectory in `frame`: one row per step taken, with
     the generated tokens and their log mu, the step reward and whether it matched. Columns: episode_id (the
@@ -122,7 +144,12 @@ def semi_online_rollouts(runtime, frame: pl.DataFrame, config: SemiOnlineConfig,
     rng = np.random.default_rng(seed)
     sampling = Sampling(config.temperature, config.top_k, seed=seed)
     rows = []
+    viewed = bool(config.view_shift_px or config.view_scale or config.view_colour)
     for steps in trajectories(frame):
+        if viewed:
+            first_click = next(((s["x"], s["y"]) for s in steps if s["action_type"] in POSITIONAL_TYPES), None)
+            view = random_view(rng, config.view_shift_px, config.view_scale, config.view_colour, first_click)
+            steps = seen_through(steps, view)
         for r in range(config.rollouts):
             patches, previous, history = 0, None, []
             for step in steps:

@@ -21,8 +21,9 @@ def test_an_arm_spends_its_budget_in_its_stages_after_sft():
     assert stage_at(ARMS["sft_ppo"], 0.0, 100.0, 0.3) == "online_rl:none"
     assert stage_at(ARMS["sft"], 50.0, 100.0, 0.3) == "sft"  # more SFT, the baseline at the same budget
     assert stage_at(ARMS["offline_only"], 0.0, 100.0, 0.3) == "offline_rl"
+    assert stage_at(ARMS["sft_semi_online_views"], 90.0, 100.0, 0.3) == "semi_online:views"
     assert set(ARMS) == {"sft", "sft_offline", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
-                         "sft_ppo", "offline_only", "sft_semi_online"}  # fmt: skip
+                         "sft_ppo", "offline_only", "sft_semi_online", "sft_semi_online_views"}  # fmt: skip
 
 
 def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):

@@ -203,3 +203,23 @@ def test_semi_online_rows_keep_the_prompt_they_were_sampled_from_with_patched_hi
         # step 1 remembers step 0's own action where it matched, else the expert's (the patch)
         remembered = taken if first["matched"] else Action("click", x=expert["x"], y=expert["y"])
         assert second["prompt"] == plain[:-1] + tok.action_ids(remembered) + plain[-1:]
+    # Through views, every rollout row is trained on the viewed screen it was sampled on, not the recorded one.
+    viewed = semi_online_rollouts(runtime, frame, SemiOnlineConfig(rollouts=2, view_shift_px=6, view_colour=0.1),
+                                  seed=0)  # fmt: skip
+    assert viewed.height >= frame.height and not set(viewed["screenshot"]) & set(frame["screenshot"])
+
+
+def test_a_viewed_trajectory_moves_the_experts_click_and_box_with_the_pixels():
+    from learner.augment import View
+    from learner.semi_online import seen_through
+    from policy.screen import decode_png
+
+    step = expert_frame([5]).row(0, named=True)
+    view = View(1.0, dx=6.0, dy=-4.0, gain=np.ones(3, np.float32), offset=np.zeros(3, np.float32))
+    (seen,) = seen_through([step], view)
+    assert (seen["x"], seen["y"]) == (step["x"] + 6, step["y"] - 4)
+    assert seen["target_box"] == [b + d for b, d in zip(step["target_box"], (6, -4, 6, -4), strict=True)]
+    left, top, right, bottom = (int(v) for v in seen["target_box"])
+    screen = decode_png(seen["screenshot"])
+    assert (screen[top + 2 : bottom - 2, left + 2 : right - 2] == (30, 80, 200)).all()  # the box is where it says
+    assert step["screenshot"] != seen["screenshot"] and seen["step"] == step["step"]
