@@ -238,11 +238,11 @@ def pointing_diagnostic(arm_dir: Path, task: str, episodes: int) -> dict:
             obs = env.reset(seed=EVAL_SEED + i, task=task)
             target = expert_for(task).act(obs).action
             patch = target_patch_index(target.x, target.y, cfg.patch_px)
-            prompt = tok.prompt_ids(obs.instruction, cfg.max_instruction_tokens)
+            instruction = tok.instruction_ids(obs.instruction, cfg.max_instruction_tokens)
             with torch.inference_mode():
                 chars = torch.tensor([char_ids(obs.instruction, cfg.max_instruction_chars)])
                 image = torch.from_numpy(screenshot_to_chw(obs.screenshot)[None])
-                encoded = model.encode(image, torch.tensor([prompt[1:-1] or [0]]), chars)
+                encoded = model.encode(image, torch.tensor([instruction or [0]]), chars)
             ranked = encoded.relevance[0].topk(5).indices.tolist()
             first, top5 = first + (ranked[0] == patch), top5 + (patch in ranked)
             action = tok.parse(runtime.step(obs.screenshot, obs.instruction, None)[0].ids).action
