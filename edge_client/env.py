@@ -14,23 +14,41 @@
 
 Reward: miniwob's reward is terminal; we report the *raw* reward (`WOB_RAW_REWARD_GLOBAL`, in [-1, 1],
 not scaled by elapsed time). A step that did not end the episode has reward 0.
+
+Two paths, the same outcomes (`EnvConfig.path`; tests/test_env_paths.py pairs them episode by episode):
+
+* "previous": miniwob's own reset and step, ~10 WebDriver round trips per step (act, settle, reward and done,
+  utterance, DOM, screenshot), each ~3.5 ms through chromedriver, and a screenshot that waits ~34 ms for the
+  headless compositor's next frame at 60 Hz.
+* "fast" (the default): Chromium without its frame-rate limit and in miniwob's own 500 px wide window (a
+  screenshot ~8-10 ms), and per step one page-side script over the page's DevTools websocket
+  (edge_client.devtools) that settles, reads reward and done, and returns the utterance and DOM; a click is
+  the three `Input.dispatchMouseEvent`s chromedriver itself would send. Typing, keys and scrolls still go
+  through WebDriver's actions (their key tables and wheel timing are chromedriver's), as do page loads.
+  `flywheel bench env` measures both beside the stock gymnasium loop (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import shutil
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from string import Template
+from typing import Any, Literal
 
 import numpy as np
 from miniwob.action import ActionSpaceConfig, ActionTypes
-from miniwob.constants import DEFAULT_SCROLL_AMOUNT, TASK_HEIGHT, TASK_WIDTH
+from miniwob.constants import DEFAULT_SCROLL_AMOUNT, TASK_HEIGHT, TASK_WIDTH, UTTERANCE_MAX_LENGTH
+from miniwob.dom import DOMElement
 from miniwob.environment import MiniWoBEnvironment
 from miniwob.fields import get_field_extractor
 from miniwob.reward import get_raw_reward
+from miniwob.screenshot import get_screenshot, pil_to_numpy_array
+from miniwob.selenium_actions import execute_action_on_chromedriver
 from miniwob.selenium_instance import DEFAULT_BASE_URL, SeleniumInstance
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as ChromeService
@@ -38,6 +56,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.wait import WebDriverWait
 
+from edge_client.devtools import DevTools
 from policy.interface import Observation
 from schemas import Action
 
@@ -61,10 +80,50 @@ CHROME_ARGS: tuple[str, ...] = (
     "force-device-scale-factor=1",  # 1 CSS px = 1 screenshot px, so DOM boxes match the image
 )
 
+# The fast path's browser: no 60 Hz frame pacing (a screenshot waits for a fresh compositor frame: ~34 ms
+# paced, ~8 ms unpaced; an idle page draws no frames either way) and miniwob's own window width (500 px) with
+# room for the 210 px task (the viewport is the window less 143 px here): fewer pixels to draw and encode.
+FAST_CHROME_ARGS: tuple[str, ...] = CHROME_ARGS + (
+    "disable-frame-rate-limit",
+    "disable-gpu-vsync",
+    "window-size=500,400",
+)
+
 SETTLE_MAX_S = 2.0
 SETTLE_POLL_S = 0.02
 # True while a jQuery (or jQuery UI) animation runs on the page; pages without jQuery never animate this way.
 _ANIMATING_JS = "return !!(window.jQuery && jQuery.fn && jQuery(':animated').length);"
+
+# The fast path's page-side scripts. Each runs as one task of the page's event loop and awaits in-page (a
+# timer, not a round trip): reset is miniwob's force_stop + begin_task + get_observation in one call, a step's
+# read is its settle loop + get_metadata + get_observation (without the screenshot, which CDP captures).
+_PAGE_HELPERS = """
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+const metadata = () => ({done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL,
+                         raw_reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON});
+const observe = meta => meta.done ? {meta} : {meta, utterance: core.getUtterance(), dom: core.getDOMInfo()};
+"""
+_RESET_JS = Template("""(async () => {$helpers
+  core.EPISODE_MAX_TIME = Math.max(core.EPISODE_MAX_TIME, $max_ms);
+  core.endEpisode(0);
+  $seed
+  core.setDataMode("train");
+  core.startEpisodeReal();
+  for (let i = 0; i < 20 && !WOB_TASK_READY; i++) await sleep(50);
+  if ($warm_up) {  // two frames: the episode's images and fonts are fetched (and cached for the real start)
+    for (let i = 0; i < 2; i++) await new Promise(resolve => requestAnimationFrame(resolve));
+    return true;
+  }
+  return WOB_TASK_READY ? observe(metadata()) : null;
+})()""")
+_READ_JS = Template("""(async () => {$helpers
+  await sleep(0);  // what the action's handlers deferred by a zero timer runs first, as between round trips
+  const deadline = performance.now() + $settle_ms;
+  while (window.jQuery && jQuery.fn && jQuery(':animated').length && performance.now() < deadline)
+    await sleep($poll_ms);
+  return observe(metadata());
+})()""").substitute(helpers=_PAGE_HELPERS, settle_ms=int(SETTLE_MAX_S * 1000), poll_ms=int(SETTLE_POLL_S * 1000))
+_DONE_JS = "WOB_DONE_GLOBAL"
 
 TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows x columns x RGB
 
@@ -73,14 +132,18 @@ TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows
 class EnvConfig:
     """How GuiEnv runs the browser."""
 
+    path: Literal["fast", "previous"] = "fast"
+    """'fast' (one page-side script per step over DevTools, unpaced frames) or 'previous' (miniwob's own
+    reset and step through WebDriver, as before the fast path; kept to compare against)."""
     episode_max_time_s: float = 120.0
     """JavaScript episode limit (miniwob's default is 10 s). A task whose page sets more keeps its own."""
     chrome_binary: str | None = None
     """Chromium executable; None: `chromium` (then `chromium-browser`, `google-chrome`) on PATH."""
     chromedriver: str | None = None
     """Chromedriver executable; None: `chromedriver` on PATH."""
-    chrome_args: tuple[str, ...] = CHROME_ARGS
-    """Command-line switches (without the leading dashes)."""
+    chrome_args: tuple[str, ...] | None = None
+    """Command-line switches (without the leading dashes); None: FAST_CHROME_ARGS on the fast path,
+    CHROME_ARGS on the previous one."""
     wait_ms: float = 0.0
     """Pause after every action before the screenshot (jQuery animations are awaited anyway)."""
     noop_wait_s: float = 0.5
@@ -95,6 +158,12 @@ class StepResult:
     reward: float  # raw miniwob reward: 0 until done, then in [-1, 1]
     done: bool
     info: dict[str, Any] = field(default_factory=dict)  # termination, reason, env_ms, ...
+
+
+def chrome_args(config: EnvConfig) -> tuple[str, ...]:
+    if config.chrome_args is not None:
+        return config.chrome_args
+    return FAST_CHROME_ARGS if config.path == "fast" else CHROME_ARGS
 
 
 def task_name(task: str) -> str:
@@ -122,7 +191,7 @@ class _Instance(SeleniumInstance):
     def create_driver(self) -> None:
         # Same steps as miniwob's create_driver (headless branch), with our options and executables.
         options = webdriver.ChromeOptions()
-        for arg in self.config.chrome_args:
+        for arg in chrome_args(self.config):
             options.add_argument(arg)
         options.binary_location = _find_executable(
             self.config.chrome_binary, ("chromium", "chromium-browser", "google-chrome")
@@ -200,6 +269,9 @@ class GuiEnv:
         self._env = _MiniWoB(self.task, self.config)
         self._step = 0
         self._instruction = ""
+        self._devtools: DevTools | None = None  # the fast path's session, opened on first use
+        self._page_loaded = True  # a page whose first episode has not started yet (see _reset_fast)
+        self._start_time = 0.0
 
     @property
     def driver(self) -> webdriver.Chrome:
@@ -213,6 +285,7 @@ class GuiEnv:
         if name.startswith("flight."):
             raise ValueError("FlightWoB tasks are not supported")
         self._env.instance.switch_task(name)
+        self._page_loaded = True
         # A browser restarted after a crash (_hard_reset_instance) must open this task, not the first one.
         self._env.subdomain = name
         self._env.instance_kwargs["subdomain"] = name
@@ -223,39 +296,35 @@ class GuiEnv:
             self.set_task(task)
         if self._env.instance.died:
             log.warning("browser died; starting a new one")
+            self._close_devtools()
             self._env._hard_reset_instance()
-        # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
-        self._env.instance.raise_episode_time()
-        raw_obs, info = self._env.reset(seed=seed)
+            self._page_loaded = True
+        if self.config.path == "fast":
+            raw_obs, info = self._reset_fast(seed)
+        else:
+            # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
+            self._env.instance.raise_episode_time()
+            raw_obs, info = self._env.reset(seed=seed)
         self._step = 0
         self._instruction = raw_obs["utterance"]
         return self._observation(raw_obs, info)
 
     def step(self, action: Action) -> StepResult:
         t0 = time.perf_counter()
-        try:
-            miniwob_action, invalid = self._to_miniwob(action), None
-        except ValueError as exc:
-            # A model may emit a key miniwob cannot press: that step is wasted (a no-op), not a crash.
-            miniwob_action, invalid = self._noop(), str(exc)
+        miniwob_action, invalid = to_miniwob(action, self._env.action_space_config)
         if action.type == "noop":
             time.sleep(self.config.noop_wait_s)
-        raw_obs, reward, done, _truncated, meta = self._env.step(miniwob_action)
+        if self.config.path == "fast":
+            raw_obs, reward, done, meta = self._step_fast(miniwob_action)
+        else:
+            raw_obs, reward, done, _truncated, meta = self._env.step(miniwob_action)
         env_ms = (time.perf_counter() - t0) * 1000.0
         self._step += 1
-        reason = meta.get("reason")
-        info = {
-            "termination": _termination(done, reason),
-            "reason": None if reason is None else str(reason),
-            "raw_reward": float(meta.get("raw_reward", 0.0)),
-            "env_reward": float(meta.get("env_reward", 0.0)),
-            "elapsed_s": float(meta.get("elapsed", 0.0)),
-            "env_ms": env_ms,
-            "invalid_action": invalid,
-        }
+        info = step_info(done, meta, env_ms, invalid)
         return StepResult(self._observation(raw_obs, meta, done), float(reward), done, info)
 
     def close(self) -> None:
+        self._close_devtools()
         self._env.close()
 
     def __enter__(self) -> GuiEnv:
@@ -263,6 +332,87 @@ class GuiEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # --- the fast path --------------------------------------------------------------------------
+
+    def _page(self) -> DevTools:
+        if self._devtools is None:
+            self._devtools = DevTools.for_page(self.driver.capabilities["goog:chromeOptions"]["debuggerAddress"])
+        return self._devtools
+
+    def _close_devtools(self) -> None:
+        if self._devtools is not None:
+            self._devtools.close()
+            self._devtools = None
+
+    def _reset_fast(self, seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """miniwob's reset in one page-side call, then the screenshot.
+
+        The first episode on a freshly loaded page is started twice: a page fetches the images its episode
+        shows (email-inbox's icons are CSS content) only once they are shown, and they have no size until
+        then; the previous path's round trips gave them time by chance, the warm-up start gives it always.
+        """
+        seed_js = "" if seed is None else f"Math.seedrandom({seed!r});"
+        script = partial(_RESET_JS.substitute, helpers=_PAGE_HELPERS, max_ms=int(self.config.episode_max_time_s * 1000),
+                         seed=seed_js)  # fmt: skip
+        if self._page_loaded:
+            self._read_page(script(warm_up="true"))
+            self._page_loaded = False
+        page = self._read_page(script(warm_up="false"))
+        if page is None:
+            raise RuntimeError(f"{self.task} did not become ready after reset")
+        self._start_time = time.time()
+        return self._raw_observation(page), {"root_dom": DOMElement(page["dom"]), **page["meta"]}
+
+    def _step_fast(self, miniwob_action: dict[str, Any]) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
+        """miniwob's step: act (unless the episode already ended), settle, read reward and done, observe."""
+        if not self._page().evaluate(_DONE_JS):
+            self._act_fast(miniwob_action)
+        page = self._read_page(_READ_JS)
+        meta = {**page["meta"], "elapsed": max(0.0, time.time() - self._start_time)}
+        if meta["done"]:
+            raw_obs = {"utterance": "", "screenshot": np.zeros(TASK_SHAPE, dtype=np.uint8)}
+        else:
+            raw_obs = self._raw_observation(page)
+            meta["root_dom"] = DOMElement(page["dom"])
+        return raw_obs, get_raw_reward(meta), bool(meta["done"]), meta
+
+    def _act_fast(self, miniwob_action: dict[str, Any]) -> None:
+        """A click as the three mouse events chromedriver sends for it (coordinates truncated as it does);
+        any other action through WebDriver, as miniwob performs it."""
+        config: ActionSpaceConfig = self._env.action_space_config
+        kind = config.action_types[miniwob_action["action_type"]]
+        if kind == ActionTypes.NONE:
+            return
+        if kind != ActionTypes.CLICK_COORDS:
+            execute_action_on_chromedriver(miniwob_action, [], config, self.driver)
+            return
+        left, top = config.compute_raw_coords(miniwob_action)
+        pointer = {"x": int(left), "y": int(top), "modifiers": 0, "pointerType": "mouse", "tangentialPressure": 0.0,
+                   "tiltX": 0, "tiltY": 0, "twist": 0}  # fmt: skip
+        page = self._page()
+        page.call("Input.dispatchMouseEvent", type="mouseMoved", button="none", buttons=0, clickCount=0, force=0.0,
+                  **pointer)  # fmt: skip
+        page.call("Input.dispatchMouseEvent", type="mousePressed", button="left", buttons=0, clickCount=1, force=0.5,
+                  **pointer)  # fmt: skip
+        page.call("Input.dispatchMouseEvent", type="mouseReleased", button="left", buttons=1, clickCount=1,
+                  force=0.0, **pointer)  # fmt: skip
+
+    def _read_page(self, script: str) -> Any:
+        return self._page().evaluate(script)
+
+    def _raw_observation(self, page: dict[str, Any]) -> dict[str, Any]:
+        utterance = page["utterance"]
+        if isinstance(utterance, dict):  # tasks that list their fields return {utterance, fields}
+            utterance = utterance["utterance"]
+        return {"utterance": utterance[:UTTERANCE_MAX_LENGTH], "screenshot": self._capture()}
+
+    def _capture(self) -> np.ndarray:
+        """(210, 160, 3) uint8: the task area of a CDP screenshot, cropped and converted as miniwob does."""
+        png = base64.b64decode(self._page().call("Page.captureScreenshot", format="png")["data"])
+        instance = self._env.instance
+        image = get_screenshot(_PngSource(png), instance.inner_width, instance.inner_height, TASK_WIDTH, TASK_HEIGHT)
+        return pil_to_numpy_array(image)
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -279,29 +429,63 @@ class GuiEnv:
             step=self._step,
         )
 
-    def _to_miniwob(self, action: Action) -> dict[str, Any]:
-        config: ActionSpaceConfig = self._env.action_space_config
-        # Selenium refuses pointer moves outside the viewport; keep clicks inside the task area.
-        coords = np.array(
-            [min(max(action.x, 0.0), TASK_WIDTH - 1.0), min(max(action.y, 0.0), TASK_HEIGHT - 1.0)],
-            dtype=np.float32,
-        )
-        if action.type == "click":
-            return {"action_type": config.action_types.index(ActionTypes.CLICK_COORDS), "coords": coords}
-        if action.type == "type":
-            return {"action_type": config.action_types.index(ActionTypes.TYPE_TEXT), "text": action.text}
-        if action.type == "key":
-            key = _key_index(config, action.key)
-            return {"action_type": config.action_types.index(ActionTypes.PRESS_KEY), "key": key}
-        if action.type == "scroll":
-            kind = ActionTypes.SCROLL_DOWN_COORDS if action.scroll_dy >= 0 else ActionTypes.SCROLL_UP_COORDS
-            # One shared config: the amount of this scroll is set on it just before the step.
-            config.scroll_amount = int(round(abs(action.scroll_dy))) or DEFAULT_SCROLL_AMOUNT
-            return {"action_type": config.action_types.index(kind), "coords": coords}
-        return self._noop()
 
-    def _noop(self) -> dict[str, Any]:
-        return {"action_type": self._env.action_space_config.action_types.index(ActionTypes.NONE)}
+class _PngSource:
+    """What miniwob's get_screenshot reads from a driver, for a PNG captured over DevTools."""
+
+    def __init__(self, png: bytes):
+        self._png = png
+
+    def get_screenshot_as_png(self) -> bytes:
+        return self._png
+
+
+def to_miniwob(action: Action, config: ActionSpaceConfig) -> tuple[dict[str, Any], str | None]:
+    """(miniwob action, None), or (its no-op, why) for a key miniwob cannot press: a model may emit one,
+    and that step is wasted, not a crash."""
+    try:
+        return _miniwob_action(action, config), None
+    except ValueError as exc:
+        return _noop(config), str(exc)
+
+
+def _miniwob_action(action: Action, config: ActionSpaceConfig) -> dict[str, Any]:
+    # Selenium refuses pointer moves outside the viewport; keep clicks inside the task area.
+    coords = np.array(
+        [min(max(action.x, 0.0), TASK_WIDTH - 1.0), min(max(action.y, 0.0), TASK_HEIGHT - 1.0)],
+        dtype=np.float32,
+    )
+    if action.type == "click":
+        return {"action_type": config.action_types.index(ActionTypes.CLICK_COORDS), "coords": coords}
+    if action.type == "type":
+        return {"action_type": config.action_types.index(ActionTypes.TYPE_TEXT), "text": action.text}
+    if action.type == "key":
+        key = _key_index(config, action.key)
+        return {"action_type": config.action_types.index(ActionTypes.PRESS_KEY), "key": key}
+    if action.type == "scroll":
+        kind = ActionTypes.SCROLL_DOWN_COORDS if action.scroll_dy >= 0 else ActionTypes.SCROLL_UP_COORDS
+        # One shared config: the amount of this scroll is set on it just before the step.
+        config.scroll_amount = int(round(abs(action.scroll_dy))) or DEFAULT_SCROLL_AMOUNT
+        return {"action_type": config.action_types.index(kind), "coords": coords}
+    return _noop(config)
+
+
+def _noop(config: ActionSpaceConfig) -> dict[str, Any]:
+    return {"action_type": config.action_types.index(ActionTypes.NONE)}
+
+
+def step_info(done: bool, meta: dict[str, Any], env_ms: float, invalid: str | None) -> dict[str, Any]:
+    """StepResult.info from miniwob's step metadata."""
+    reason = meta.get("reason")
+    return {
+        "termination": _termination(done, reason),
+        "reason": None if reason is None else str(reason),
+        "raw_reward": float(meta.get("raw_reward", 0.0)),
+        "env_reward": float(meta.get("env_reward", 0.0)),
+        "elapsed_s": float(meta.get("elapsed", 0.0)),
+        "env_ms": env_ms,
+        "invalid_action": invalid,
+    }
 
 
 def _key_index(config: ActionSpaceConfig, key: str) -> int:

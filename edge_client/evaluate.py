@@ -1,6 +1,7 @@
 """Run a policy on MiniWoB++ tasks and report success per task.
 
-One browser serves every task and episode (switching task is a page load). Episodes run in the
+One browser serves every task and episode (switching task is a page load), or N browsers in threads
+share the episodes (`browsers`). Episodes run in the
 fleet's own loop (edge_client.episode), so success here means what it means in the tables: termination
 "success", the env ending the episode with raw reward > 0; its binary reward is +1 then and -1 otherwise.
 Episode i of every task uses seed `seed + i`.
@@ -12,8 +13,11 @@ that such half-successes are visible.
 
 from __future__ import annotations
 
+import queue
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from edge_client.env import EnvConfig, GuiEnv, task_name
@@ -45,38 +49,63 @@ def evaluate(
     max_steps: int = 10,
     env_config: EnvConfig | None = None,
     env: GuiEnv | None = None,
+    browsers: int = 1,
+    more_policies: Callable[[], Callable[[str], Policy]] | None = None,
 ) -> dict:
     """Success per task over `episodes` seeded episodes each, and the unweighted mean over tasks.
 
     Returns {"model_version", "tasks": {task: {"episodes", "success_rate", "mean_steps", ...}},
-    "mean_success_rate"}. Pass `env` to reuse a browser you already have (it is not closed then).
+    "mean_success_rate", "browsers", "wall_s", "episodes_per_s"}. Pass `env` to reuse a browser you already
+    have (it is not closed then). With `browsers` > 1 each browser runs in its own thread and takes the next
+    (task, seed) as it frees up; `more_policies` makes each extra browser its own task -> Policy (a model
+    session is not shared between threads). An episode's outcome depends on its task and seed, not on the
+    browser that ran it, so the report is the same for any number of browsers.
     """
     names = [task_name(t) for t in tasks]
     if not names:
         raise ValueError("no tasks to evaluate")
-    own_env = env is None
-    env = env or GuiEnv(names[0], env_config)
+    if browsers < 1 or (browsers > 1 and (more_policies is None or env is not None)):
+        raise ValueError("browsers > 1 needs more_policies (one task -> Policy per browser) and no shared env")
+    work = queue.SimpleQueue()
+    for task in names:
+        for i in range(episodes):
+            work.put((task, i))
+    results: dict[tuple[str, int], EpisodeResult] = {}
     versions: list[str] = []
-    per_task: dict[str, dict] = {}
-    try:
-        for task in names:
-            policy = policy_for_task(task)
-            if policy.version not in versions:
-                versions.append(policy.version)
-            results = []
-            for i in range(episodes):
-                result = run_episode(env, policy, task, seed + i, max_steps)
+
+    def run_browser(index: int) -> None:
+        policy_for = policy_for_task if index == 0 else more_policies()
+        own = env is None
+        browser = env or GuiEnv(names[0], env_config)
+        try:
+            while True:
+                try:
+                    task, i = work.get_nowait()
+                except queue.Empty:
+                    return
+                policy = policy_for(task)
+                if policy.version not in versions:
+                    versions.append(policy.version)
+                result = run_episode(browser, policy, task, seed + i, max_steps)
                 if progress is not None:
                     progress(task, i, result)
                 # Keep the numbers, not the screenshots: 16 tasks x 50 episodes of records is ~0.5 GB.
-                results.append(replace(result, records=[]))
-            per_task[task] = summarise(results)
-    finally:
-        if own_env:
-            env.close()
+                results[task, i] = replace(result, records=[])
+        finally:
+            if own:
+                browser.close()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(browsers) as pool:
+        list(pool.map(run_browser, range(browsers)))  # list(): a browser's exception is raised here
+    wall_s = time.perf_counter() - started
+    per_task = {task: summarise([results[task, i] for i in range(episodes)]) for task in names}
     rates = [s["success_rate"] for s in per_task.values()]
     return {
         "model_version": ",".join(versions),
         "tasks": per_task,
         "mean_success_rate": sum(rates) / len(rates),
+        "browsers": browsers,
+        "wall_s": round(wall_s, 2),
+        "episodes_per_s": round(len(results) / wall_s, 3) if wall_s > 0 else 0.0,
     }

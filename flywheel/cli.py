@@ -47,6 +47,10 @@ class EvalConfig:
     """Intra-op threads of the model."""
     keep_ratio: float | None = None
     """VLA: visual-token keep ratio (None: the bundle's)."""
+    browsers: int = 1
+    """Browsers in parallel (threads, one model session each); the report is the same for any number."""
+    env_path: Literal["fast", "previous"] = "fast"
+    """Environment path: 'fast' or 'previous' (miniwob's own reset and step, to compare; same outcomes)."""
     sop: bool = False
     """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
     and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
@@ -132,6 +136,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from edge_client.env import EnvConfig
     from edge_client.evaluate import evaluate
 
     config = config_from(args, EvalConfig)
@@ -139,22 +144,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config.policy == "expert":
         from edge_client.experts import expert_for
 
-        policy_for_task = expert_for
+        def policies():
+            return expert_for
     else:
         from policy.interface import load_policy
         from registry.store import resolve_model
 
         path, version = resolve_model(config.model, settings.artifacts_dir)
-        model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
 
-        def policy_for_task(_task: str):
-            return model
+        def policies():
+            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            return lambda _task: model
 
     def progress(task, index, result) -> None:
         if (index + 1) % 10 == 0 or index + 1 == config.episodes:
             print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
 
-    report = evaluate(policy_for_task, config.tasks, config.episodes, seed=config.seed, progress=progress)
+    report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
+                      env_config=EnvConfig(path=config.env_path), browsers=config.browsers,
+                      more_policies=policies)  # fmt: skip
+    report["env_path"] = config.env_path
     if config.sop:
         if config.policy != "model":
             raise SystemExit("--sop measures a model against the experts: it needs --policy model")
@@ -170,6 +179,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for task, entry in report["tasks"].items():
         print(f"{task:24s} {entry['success_rate']:.3f}  ({entry['episodes']} episodes)")
     print(f"{'mean':24s} {report['mean_success_rate']:.3f}")
+    speed = f"{report['episodes_per_s']:.2f} episodes/s, {report['wall_s']:.0f} s"
+    print(f"{speed} with {config.browsers} browser(s) on the {config.env_path} path")
     if config.sop:
         print(f"{'sop':24s} progress {report['sop_progress']:.3f}, success {report['sop_success']:.3f}")
     return 0
@@ -248,6 +259,16 @@ def cmd_bench_edge(args: argparse.Namespace) -> int:
     config = config_from(args, bench_edge.EdgeBenchConfig)
     print(bench_edge.format_report(bench_edge.run_bench(config)))
     print(f"wrote {config.out / 'edge_bench.json'}")
+    return 0
+
+
+def cmd_bench_env(args: argparse.Namespace) -> int:
+    from flywheel.bench_env import EnvBenchConfig, run_bench
+
+    config = config_from(args, EnvBenchConfig)
+    report = run_bench(config)
+    print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
+    print(f"wrote {config.out / 'env_bench.json'}")
     return 0
 
 
@@ -442,6 +463,7 @@ def _maintain(p: argparse.ArgumentParser) -> None:
 
 def _bench(p: argparse.ArgumentParser) -> None:
     from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_env import EnvBenchConfig
     from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
 
@@ -449,13 +471,14 @@ def _bench(p: argparse.ArgumentParser) -> None:
     kinds = {
         "pipeline": ("faust vs a bare consumer: capacity and latency", BenchConfig, cmd_bench_pipeline),
         "edge": ("the VLA step five ways on real screens", EdgeBenchConfig, cmd_bench_edge),
+        "env": ("environment steps/s: stock miniwob, the previous and the fast path", EnvBenchConfig, cmd_bench_env),
         "maintenance": ("a steps table before and after maintenance", MaintenanceBenchConfig, cmd_bench_maintenance),
         "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
     }
     for name, (help_text, config, func) in kinds.items():
         kind = what.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if config is not None:
-            add_config_arguments(kind, config)
+            add_config_arguments(kind, config, parse=TASKS if "tasks" in config.__dataclass_fields__ else None)
         kind.set_defaults(func=func)
 
 

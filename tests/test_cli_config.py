@@ -119,10 +119,11 @@ FLAGS_IN_USE = {
     "--metrics-port",
     "demo": "--turns --clients --tasks --episodes-per-task --sft-steps --finetune-steps --out --no-prometheus "
     "--prometheus-port",
-    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio",
+    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path",
     "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
     "learn": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
     "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
+    "bench env": "--out --tasks --episodes-per-task --browsers --paths --policies",
     "bench pipeline": "--events --rate --client-steps-per-s --out",
     "bench maintenance": "--steps --commits --out",
     "maintain": "--once --interval --json --min-retention-hours",
@@ -150,6 +151,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
     from flywheel.bench_edge import EdgeBenchConfig
+    from flywheel.bench_env import EnvBenchConfig
     from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
     from flywheel.cli import EvalConfig
@@ -163,7 +165,7 @@ def config_classes() -> dict[str, type]:
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig)  # fmt: skip
+               CurriculumConfig, EnvBenchConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

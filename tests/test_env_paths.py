@@ -1,0 +1,75 @@
+"""The fast environment path changes speed, not outcomes: paired episode by episode (same task, same seed)
+against the stock miniwob gymnasium loop with the experts, and against the previous path with the released
+model, greedy. Real headless Chromium throughout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pytest
+
+from core.settings import TIER1_TASKS, TIER2_TASKS
+from edge_client.env import EnvConfig, GuiEnv
+from edge_client.episode import Env, EpisodeResult, run_episode
+from edge_client.experts import expert_for
+from edge_client.stock_env import StockEnv
+from policy.interface import Policy
+from registry.store import RELEASE_DIR
+
+pytestmark = pytest.mark.browser
+
+SEEDS_PER_TASK = {**dict.fromkeys(TIER1_TASKS, 9), **dict.fromkeys(TIER2_TASKS, 9)}  # 24 x 9 = 216 pairs
+FIRST_SEED = 7_000  # away from training (small) and evaluation (1,000,000+) seeds
+
+
+def outcomes(env: Env, policy_for: Callable[[str], Policy], tasks: Iterable[str]) -> list[EpisodeResult]:
+    return [
+        run_episode(env, policy_for(task), task, FIRST_SEED + i)
+        for task in tasks
+        for i in range(SEEDS_PER_TASK.get(task, 3))
+    ]
+
+
+def outcome(result: EpisodeResult) -> tuple:
+    return (result.task, result.seed, result.raw_reward, result.termination)
+
+
+def trajectory(result: EpisodeResult) -> tuple:
+    """The outcome and every action taken on the way."""
+    return (*outcome(result), [r.decision.action for r in result.records])
+
+
+def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path() -> None:
+    tasks = list(TIER1_TASKS) + list(TIER2_TASKS)
+    stock: list[EpisodeResult] = []
+    for task in tasks:  # one stock browser per task: closed before the next, as stock has no task switching
+        with StockEnv() as env:
+            stock += outcomes(env, expert_for, [task])
+    with GuiEnv(tasks[0], EnvConfig(path="fast")) as env:
+        fast = outcomes(env, expert_for, tasks)
+
+    assert len(fast) == len(stock) >= 200
+    # Rewards, not actions: stock does not wait for animations to settle, so an expert may click a section
+    # header of click-collapsible while it still slides, at other pixels, with the same result.
+    assert [outcome(r) for r in fast] == [outcome(r) for r in stock]
+    # The experts succeed on the suite: pairs of failures alone would prove little.
+    assert sum(r.success for r in fast) / len(fast) > 0.9
+
+
+def test_the_released_model_acts_alike_on_every_screen_of_the_previous_and_the_fast_path() -> None:
+    from policy.interface import load_policy
+
+    model = load_policy(RELEASE_DIR / "model.vla", "release")
+    tasks = list(TIER1_TASKS) + ["click-tab", "enter-text", "click-button-sequence"]
+    runs = {}
+    for path in ("previous", "fast"):
+        with GuiEnv(tasks[0], EnvConfig(path=path)) as env:
+            runs[path] = outcomes(env, lambda _task: model, tasks)
+
+    previous, fast = runs["previous"], runs["fast"]
+    assert [trajectory(r) for r in fast] == [trajectory(r) for r in previous]
+    for a, b in zip(previous, fast, strict=True):  # the model saw the same pixels at every step
+        screens = zip(a.records, b.records, strict=True)
+        assert all(np.array_equal(x.obs.screenshot, y.obs.screenshot) for x, y in screens)
+    assert 0 < sum(r.success for r in fast) < len(fast)  # both outcomes occur, so agreement is not trivial
