@@ -51,18 +51,28 @@ class DevTools:
         return cls(page_websocket_url(debugger_address), timeout_s)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
-        request_id = next(self._ids)
+        return self.call_all((method, params))[0]
+
+    def call_all(self, *commands: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send the commands back to back, then wait for every reply: the page runs them in order, one after
+        the other as it would one by one, without a round trip between them."""
+        pending: dict[int, str] = {}
+        replies: dict[int, dict[str, Any]] = {}
         try:
-            self._socket.send(json.dumps({"id": request_id, "method": method, "params": params}))
-            while True:
+            for method, params in commands:
+                request_id = next(self._ids)
+                pending[request_id] = method
+                self._socket.send(json.dumps({"id": request_id, "method": method, "params": params}))
+            while len(replies) < len(pending):
                 message = json.loads(self._socket.recv())
-                if message.get("id") == request_id:
-                    break
+                if message.get("id") in pending:
+                    replies[message["id"]] = message
         except (OSError, websocket.WebSocketException) as err:
-            raise DevToolsError(f"{method}: DevTools connection failed: {err!r}") from err
-        if "error" in message:
-            raise DevToolsError(f"{method}: {message['error']}")
-        return message["result"]
+            raise DevToolsError(f"{list(pending.values())}: DevTools connection failed: {err!r}") from err
+        for request_id, method in pending.items():
+            if "error" in replies[request_id]:
+                raise DevToolsError(f"{method}: {replies[request_id]['error']}")
+        return [replies[request_id]["result"] for request_id in pending]
 
     def evaluate(self, expression: str) -> Any:
         """The value of a page-side expression (awaited when it is a promise), as JSON."""

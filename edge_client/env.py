@@ -101,7 +101,8 @@ _PAGE_HELPERS = """
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 const metadata = () => ({done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL,
                          raw_reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON});
-const observe = meta => meta.done ? {meta} : {meta, utterance: core.getUtterance(), dom: core.getDOMInfo()};
+const observe = meta => meta.done ? {meta}
+  : {meta, utterance: core.getUtterance(), dom: $read_dom ? core.getDOMInfo() : null};
 """
 _RESET_JS = Template("""(async () => {$helpers
   core.EPISODE_MAX_TIME = Math.max(core.EPISODE_MAX_TIME, $max_ms);
@@ -122,7 +123,7 @@ _READ_JS = Template("""(async () => {$helpers
   while (window.jQuery && jQuery.fn && jQuery(':animated').length && performance.now() < deadline)
     await sleep($poll_ms);
   return observe(metadata());
-})()""").substitute(helpers=_PAGE_HELPERS, settle_ms=int(SETTLE_MAX_S * 1000), poll_ms=int(SETTLE_POLL_S * 1000))
+})()""")
 _DONE_JS = "WOB_DONE_GLOBAL"
 
 TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows x columns x RGB
@@ -146,6 +147,8 @@ class EnvConfig:
     CHROME_ARGS on the previous one."""
     wait_ms: float = 0.0
     """Pause after every action before the screenshot (jQuery animations are awaited anyway)."""
+    read_dom: bool = True
+    """Fast path: read the DOM into each observation (the scripted experts read it; a model never does)."""
     noop_wait_s: float = 0.5
     """A "noop" action waits this long: the agent's way to let timers fire (e.g. autocomplete's 300 ms)."""
     base_url: str = DEFAULT_BASE_URL
@@ -270,6 +273,10 @@ class GuiEnv:
         self._step = 0
         self._instruction = ""
         self._devtools: DevTools | None = None  # the fast path's session, opened on first use
+        helpers = Template(_PAGE_HELPERS).substitute(read_dom="true" if self.config.read_dom else "false")
+        self._read_js = _READ_JS.substitute(helpers=helpers, settle_ms=int(SETTLE_MAX_S * 1000),
+                                            poll_ms=int(SETTLE_POLL_S * 1000))  # fmt: skip
+        self._reset_js = partial(_RESET_JS.substitute, helpers=helpers)
         self._page_loaded = True  # a page whose first episode has not started yet (see _reset_fast)
         self._start_time = 0.0
 
@@ -353,8 +360,7 @@ class GuiEnv:
         then; the previous path's round trips gave them time by chance, the warm-up start gives it always.
         """
         seed_js = "" if seed is None else f"Math.seedrandom({seed!r});"
-        script = partial(_RESET_JS.substitute, helpers=_PAGE_HELPERS, max_ms=int(self.config.episode_max_time_s * 1000),
-                         seed=seed_js)  # fmt: skip
+        script = partial(self._reset_js, max_ms=int(self.config.episode_max_time_s * 1000), seed=seed_js)
         if self._page_loaded:
             self._read_page(script(warm_up="true"))
             self._page_loaded = False
@@ -362,19 +368,19 @@ class GuiEnv:
         if page is None:
             raise RuntimeError(f"{self.task} did not become ready after reset")
         self._start_time = time.time()
-        return self._raw_observation(page), {"root_dom": DOMElement(page["dom"]), **page["meta"]}
+        return self._raw_observation(page), {"root_dom": _dom(page), **page["meta"]}
 
     def _step_fast(self, miniwob_action: dict[str, Any]) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """miniwob's step: act (unless the episode already ended), settle, read reward and done, observe."""
         if not self._page().evaluate(_DONE_JS):
             self._act_fast(miniwob_action)
-        page = self._read_page(_READ_JS)
+        page = self._read_page(self._read_js)
         meta = {**page["meta"], "elapsed": max(0.0, time.time() - self._start_time)}
         if meta["done"]:
             raw_obs = {"utterance": "", "screenshot": np.zeros(TASK_SHAPE, dtype=np.uint8)}
         else:
             raw_obs = self._raw_observation(page)
-            meta["root_dom"] = DOMElement(page["dom"])
+            meta["root_dom"] = _dom(page)
         return raw_obs, get_raw_reward(meta), bool(meta["done"]), meta
 
     def _act_fast(self, miniwob_action: dict[str, Any]) -> None:
@@ -390,13 +396,10 @@ class GuiEnv:
         left, top = config.compute_raw_coords(miniwob_action)
         pointer = {"x": int(left), "y": int(top), "modifiers": 0, "pointerType": "mouse", "tangentialPressure": 0.0,
                    "tiltX": 0, "tiltY": 0, "twist": 0}  # fmt: skip
-        page = self._page()
-        page.call("Input.dispatchMouseEvent", type="mouseMoved", button="none", buttons=0, clickCount=0, force=0.0,
-                  **pointer)  # fmt: skip
-        page.call("Input.dispatchMouseEvent", type="mousePressed", button="left", buttons=0, clickCount=1, force=0.5,
-                  **pointer)  # fmt: skip
-        page.call("Input.dispatchMouseEvent", type="mouseReleased", button="left", buttons=1, clickCount=1,
-                  force=0.0, **pointer)  # fmt: skip
+        moved = dict(type="mouseMoved", button="none", buttons=0, clickCount=0, force=0.0, **pointer)
+        pressed = dict(type="mousePressed", button="left", buttons=0, clickCount=1, force=0.5, **pointer)
+        released = dict(type="mouseReleased", button="left", buttons=1, clickCount=1, force=0.0, **pointer)
+        self._page().call_all(*(("Input.dispatchMouseEvent", event) for event in (moved, pressed, released)))
 
     def _read_page(self, script: str) -> Any:
         return self._page().evaluate(script)
@@ -409,7 +412,9 @@ class GuiEnv:
 
     def _capture(self) -> np.ndarray:
         """(210, 160, 3) uint8: the task area of a CDP screenshot, cropped and converted as miniwob does."""
-        png = base64.b64decode(self._page().call("Page.captureScreenshot", format="png")["data"])
+        # optimizeForSpeed: a faster zlib setting for the PNG, the same pixels (lossless either way).
+        png = self._page().call("Page.captureScreenshot", format="png", optimizeForSpeed=True)["data"]
+        png = base64.b64decode(png)
         instance = self._env.instance
         image = get_screenshot(_PngSource(png), instance.inner_width, instance.inner_height, TASK_WIDTH, TASK_HEIGHT)
         return pil_to_numpy_array(image)
@@ -428,6 +433,10 @@ class GuiEnv:
             dom=None if done else info.get("root_dom"),
             step=self._step,
         )
+
+
+def _dom(page: dict[str, Any]) -> DOMElement | None:
+    return None if page.get("dom") is None else DOMElement(page["dom"])
 
 
 class _PngSource:

@@ -18,7 +18,7 @@ from typing import Literal
 from core.metrics import await_scrape, serve_metrics
 from core.settings import TIER1_TASKS, Settings
 from edge_client import metrics
-from edge_client.env import GuiEnv
+from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
 from policy.interface import Policy
@@ -119,7 +119,9 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)
-    env = GuiEnv(config.tasks[0])
+    # A model reads pixels only; the DOM is read for the scripted experts (and a fleet that starts on them).
+    reads_dom = config.policy == "expert" or config.bootstrap_expert
+    env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
     if config.repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {config.repeats}")
     schedule = (

@@ -112,7 +112,7 @@ class Profiler:
             self.enabled = True
 
 
-def open_env(path: str, task: str) -> Env:
+def open_env(path: str, task: str, read_dom: bool) -> Env:
     from edge_client.env import EnvConfig, GuiEnv
     from edge_client.stock_env import StockEnv
 
@@ -120,7 +120,7 @@ def open_env(path: str, task: str) -> Env:
         env = StockEnv()
         env.open(task)
         return env
-    return GuiEnv(task, EnvConfig(path=path))
+    return GuiEnv(task, EnvConfig(path=path, read_dom=read_dom))
 
 
 def profile_env(env: Any, path: str, task: str, profiler: Profiler) -> None:
@@ -211,7 +211,7 @@ def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spoo
     try:
         with profiled_screenshots(profiler) if profiler and path != "fast" else _nothing():
             for task in config.tasks:
-                envs = prepare_envs(envs, path, task, browsers, profiler)
+                envs = prepare_envs(envs, path, task, browsers, profiler, read_dom=policy == "expert")
                 started = time.perf_counter()
                 with ThreadPoolExecutor(browsers) as pool:
                     for done in pool.map(episodes_of, range(browsers), [task] * browsers):
@@ -223,14 +223,16 @@ def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spoo
     return figures(results, wall_s, profiler, browsers)
 
 
-def prepare_envs(envs: list[Any], path: str, task: str, browsers: int, profiler: Profiler | None) -> list[Any]:
-    """The browsers for `task`, untimed: stock gets new ones (one per task), ours switch page."""
+def prepare_envs(envs: list[Any], path: str, task: str, browsers: int, profiler: Profiler | None,
+                 read_dom: bool) -> list[Any]:  # fmt: skip
+    """The browsers for `task`, untimed: stock gets new ones (one per task), ours switch page. The fast path
+    reads the DOM only for the experts (stock and previous read it always: miniwob's observation has it)."""
     if path == "stock":
         for env in envs:
             env.close()
-        envs = [open_env(path, task) for _ in range(browsers)]
+        envs = [open_env(path, task, read_dom) for _ in range(browsers)]
     elif not envs:
-        envs = [open_env(path, task) for _ in range(browsers)]
+        envs = [open_env(path, task, read_dom) for _ in range(browsers)]
     if profiler is not None:
         profile_env(envs[0], path, task, profiler)
     with profiler.paused() if profiler else _nothing():

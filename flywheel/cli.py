@@ -161,7 +161,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
 
     report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
-                      env_config=EnvConfig(path=config.env_path), browsers=config.browsers,
+                      env_config=EnvConfig(path=config.env_path, read_dom=config.policy == "expert"),
+                      browsers=config.browsers,
                       more_policies=policies)  # fmt: skip
     report["env_path"] = config.env_path
     if config.sop:
