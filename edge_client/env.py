@@ -94,6 +94,16 @@ SETTLE_POLL_S = 0.02
 # True while a jQuery (or jQuery UI) animation runs on the page; pages without jQuery never animate this way.
 _ANIMATING_JS = "return !!(window.jQuery && jQuery.fn && jQuery(':animated').length);"
 
+# A text caret blinks (500 ms on, 500 ms off), so whether a screenshot shows it depended on wall time: on how
+# long the policy thought and how loaded the machine was, not on what was done (a model that clicked a filled
+# field again saw it, or not, and acted differently). Every page we load gets a caret that does not blink
+# (CSS `caret-animation: manual`): the screen is a function of the episode's actions, on both paths.
+_STEADY_CARET_JS = """
+const style = document.createElement("style");
+style.textContent = "* { caret-animation: manual !important; }";
+document.head.appendChild(style);
+"""
+
 # The fast path's page-side scripts. Each runs as one task of the page's event loop and awaits in-page (a
 # timer, not a round trip): reset is miniwob's force_stop + begin_task + get_observation in one call, a step's
 # read is its settle loop + get_metadata + get_observation (without the screenshot, which CDP captures).
@@ -208,6 +218,7 @@ class _Instance(SeleniumInstance):
         self.driver.get(self.url)
         # The "START" cover becomes clickable once core.js has run: the page is ready for an episode.
         WebDriverWait(self.driver, 10).until(EC.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
+        self.driver.execute_script(_STEADY_CARET_JS)
         self.inner_width, self.inner_height = self.driver.execute_script(
             "return [window.innerWidth, window.innerHeight];"
         )

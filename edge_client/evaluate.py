@@ -54,7 +54,7 @@ def evaluate(
 ) -> dict:
     """Success per task over `episodes` seeded episodes each, and the unweighted mean over tasks.
 
-    Returns {"model_version", "tasks": {task: {"episodes", "success_rate", "mean_steps", ...}},
+    Returns {"model_version", "tasks": {task: {"episodes", "success_rate", "mean_steps", ..., "termination_by_seed"}},
     "mean_success_rate", "browsers", "wall_s", "episodes_per_s"}. Pass `env` to reuse a browser you already
     have (it is not closed then). With `browsers` > 1 each browser runs in its own thread and takes the next
     (task, seed) as it frees up; `more_policies` makes each extra browser its own task -> Policy (a model
@@ -99,7 +99,11 @@ def evaluate(
     with ThreadPoolExecutor(browsers) as pool:
         list(pool.map(run_browser, range(browsers)))  # list(): a browser's exception is raised here
     wall_s = time.perf_counter() - started
-    per_task = {task: summarise([results[task, i] for i in range(episodes)]) for task in names}
+    per_task = {}
+    for task in names:
+        in_seed_order = [results[task, i] for i in range(episodes)]
+        # Each seed's ending, for paired comparisons (two models or two paths on the same seeds).
+        per_task[task] = summarise(in_seed_order) | {"termination_by_seed": [r.termination for r in in_seed_order]}
     rates = [s["success_rate"] for s in per_task.values()]
     return {
         "model_version": ",".join(versions),

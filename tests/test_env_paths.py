@@ -73,3 +73,42 @@ def test_the_released_model_acts_alike_on_every_screen_of_the_previous_and_the_f
         screens = zip(a.records, b.records, strict=True)
         assert all(np.array_equal(x.obs.screenshot, y.obs.screenshot) for x, y in screens)
     assert 0 < sum(r.success for r in fast) < len(fast)  # both outcomes occur, so agreement is not trivial
+
+
+class FieldClicker:
+    """Clicks the right end of enter-text's field, types, then clicks there again and again, each time after
+    thinking `think_s`: the clicks leave the caret where it is, so only time passes between screens."""
+
+    version = "field-clicker"
+
+    def __init__(self, think_s: float):
+        self.think_s = think_s
+
+    def act(self, obs):
+        import time
+
+        from policy.interface import Decision
+        from schemas import Action
+
+        time.sleep(self.think_s if obs.step >= 2 else 0.0)
+        if obs.step == 1:
+            return Decision("type", Action(type="type", text="abc"))
+        field = next(e for e in _elements(obs.dom) if e.tag.startswith("input"))
+        return Decision("click the field", Action(type="click", x=field.left + field.width - 4, y=field.top + 8))
+
+
+def _elements(root):
+    yield root
+    for child in root.children:
+        yield from _elements(child)
+
+
+@pytest.mark.parametrize("path", ["previous", "fast"])
+def test_a_screen_does_not_depend_on_how_long_the_policy_thought(path: str) -> None:
+    # A caret blinks 500 ms on, 500 ms off: 0.6 s of thought used to change what the next screen showed.
+    screens = []
+    with GuiEnv("enter-text", EnvConfig(path=path)) as env:
+        for think_s in (0.0, 0.6):
+            result = run_episode(env, FieldClicker(think_s), "enter-text", FIRST_SEED, max_steps=4)
+            screens.append([r.result.obs.screenshot for r in result.records])
+    assert all(np.array_equal(a, b) for a, b in zip(*screens, strict=True))
