@@ -273,6 +273,15 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_learner(args: argparse.Namespace) -> int:
+    from flywheel.bench_learner import LearnerBenchConfig, run_bench
+
+    config = config_from(args, LearnerBenchConfig)
+    run_bench(config)
+    print(f"wrote {config.out / 'learner_bench.json'}")
+    return 0
+
+
 def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
     """The baseline consumer process the pipeline benchmark starts."""
     from flywheel.bench_pipeline import run_bare_consumer
@@ -465,6 +474,7 @@ def _maintain(p: argparse.ArgumentParser) -> None:
 def _bench(p: argparse.ArgumentParser) -> None:
     from flywheel.bench_edge import EdgeBenchConfig
     from flywheel.bench_env import EnvBenchConfig
+    from flywheel.bench_learner import LearnerBenchConfig
     from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
 
@@ -473,6 +483,11 @@ def _bench(p: argparse.ArgumentParser) -> None:
         "pipeline": ("faust vs a bare consumer: capacity and latency", BenchConfig, cmd_bench_pipeline),
         "edge": ("the VLA step five ways on real screens", EdgeBenchConfig, cmd_bench_edge),
         "env": ("environment steps/s: stock miniwob, the previous and the fast path", EnvBenchConfig, cmd_bench_env),
+        "learner": (
+            "samples/s, FLOPs and the fp32 ceiling of each learner update",
+            LearnerBenchConfig,
+            cmd_bench_learner,
+        ),
         "maintenance": ("a steps table before and after maintenance", MaintenanceBenchConfig, cmd_bench_maintenance),
         "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
     }
@@ -499,7 +514,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
     "dlq": ("list the dead letters (reason, detail, source offset, size)", _dlq),
     "maintain": ("compact, vacuum and checkpoint the Delta tables, keeping every version still read", _maintain),
-    "bench": ("benchmarks: `pipeline` (faust vs a bare consumer), `edge` (VLA step), `maintenance`", _bench),
+    "bench": ("benchmarks: `pipeline`, `edge` (VLA step), `env` (environment), `learner`, `maintenance`", _bench),
 }
 
 

@@ -68,6 +68,8 @@ class CurriculumConfig:
     """Trained on and evaluated; tier means over the Tier 1 / Tier 2 tasks among them."""
     episodes: int = 50
     """Evaluation episodes per task at each curve point (held-out seeds, greedy)."""
+    eval_browsers: int = 1
+    """Browsers each evaluation runs in parallel (the figures do not depend on it)."""
     curve_points: int = 3
     """Evaluations along each arm's budget (the last at its end); the shared SFT is the curve's start."""
     arms: str = ""
@@ -311,7 +313,9 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
             meta = {"arm": arm, "step": label, "fraction": 1.0, "group": arm, "demo_episodes": 0, "demo_steps": 0,
                     "train_wall_s": state.spent_s, "train_cpu_s": state.cpu_s,
                     "parameters": model.num_parameters()}  # fmt: skip
-            entry = evaluate_model(model, tok, pruning, meta, config.tasks, config.episodes, where)
+            entry = evaluate_model(
+                model, tok, pruning, meta, config.tasks, config.episodes, where, config.eval_browsers
+            )
         tier1, tier2 = tier_means(entry["tasks"])
         return {"env_steps": shared_env_steps + state.own_env_steps, "spent_s": round(state.spent_s, 1),
                 "stage": state.stage, "tier1_mean": tier1, "tier2_mean": tier2, "per_task": entry["tasks"]}  # fmt: skip

@@ -47,6 +47,8 @@ class ExperimentConfig:
     """A glob of training checkpoints (e.g. 'runs/release/train/snapshots/*.pt'): instead of training arms,
     evaluate each on the experiment's tasks, the steps curve of a run that already happened
     (WORK/checkpoints/, table.md, curves.png)."""
+    browsers: int = 1
+    """Browsers each evaluation runs in parallel (edge_client.evaluate; the figures do not depend on it)."""
     diagnose: str = ""
     """A task: instead of training, report for every arm trained to its last step how often, on that task's
     first 40 eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and
@@ -75,7 +77,7 @@ def episode_subset(frame: pl.DataFrame, fraction: float, seed: int) -> pl.DataFr
 
 
 def run_arm(
-    arm: dict, base: dict, frame: pl.DataFrame, tasks: tuple[str, ...], work: Path, episodes: int
+    arm: dict, base: dict, frame: pl.DataFrame, tasks: tuple[str, ...], work: Path, episodes: int, browsers: int = 1
 ) -> list[dict]:
     """Train one arm up to each of its eval_at steps and evaluate there; returns its evaluations in step order."""
     from learner.config import VLARecipe
@@ -109,27 +111,36 @@ def run_arm(
                 "demo_episodes": data["episode_id"].n_unique(), "demo_steps": data.height,
                 "batch_size": recipe.train.batch_size, "train_wall_s": round(timing["wall_s"], 1),
                 "train_cpu_s": round(timing["cpu_s"], 1), "parameters": timing["parameters"]}  # fmt: skip
-        entry = evaluate_model(result.model, result.tokenizer, result.pruning, meta, tasks, episodes, out)
+        entry = evaluate_model(result.model, result.tokenizer, result.pruning, meta, tasks, episodes, out, browsers)
         results.append(entry)
     return results
 
 
-def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int, out: Path) -> dict:
+def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int, out: Path,
+                   browsers: int = 1) -> dict:  # fmt: skip
     """Export `model` to OUT/model-<step>.vla, evaluate it on the held-out seeds, write OUT/eval-<step>.json.
 
     `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest."""
+    from edge_client.env import EnvConfig
     from edge_client.evaluate import evaluate
     from learner.vla_export import export_bundle
     from policy.runtime import VLAPolicy
 
     step = meta["step"]
     bundle = export_bundle(model, tok, pruning, out / f"model-{step}.vla")
-    policy = VLAPolicy(bundle, f"{meta['arm']}@{step}")
+    version = f"{meta['arm']}@{step}"
+
+    def policies():  # one model session per browser
+        policy = VLAPolicy(bundle, version)
+        return lambda _task: policy
+
     t0 = time.monotonic()
-    report = evaluate(lambda _task, policy=policy: policy, tasks, episodes, seed=EVAL_SEED)
+    report = evaluate(policies(), tasks, episodes, seed=EVAL_SEED, env_config=EnvConfig(read_dom=False),
+                      browsers=browsers, more_policies=policies)  # fmt: skip
     entry = {
         **meta, "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
         "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
+        "episodes_per_s": report["episodes_per_s"], "browsers": browsers,
         "mean": report["mean_success_rate"],
     }  # fmt: skip
     (out / f"eval-{step}.json").write_text(json.dumps(entry, indent=2))
@@ -137,7 +148,8 @@ def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], epis
     return entry
 
 
-def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, work: Path) -> list[dict]:
+def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, work: Path,
+                         browsers: int = 1) -> list[dict]:  # fmt: skip
     """The steps curve of a run that already happened: each training checkpoint matching `pattern` (e.g. a
     release's snapshots) evaluated like an arm, into WORK/checkpoints/eval-<step>.json (resumable)."""
     import torch
@@ -161,7 +173,7 @@ def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, wo
         meta = {"arm": "checkpoints", "step": step, "fraction": 1.0, "group": "checkpoints", "checkpoint": str(path),
                 "demo_episodes": 0, "demo_steps": 0, "train_wall_s": 0.0, "train_cpu_s": 0.0,
                 "parameters": model.num_parameters()}  # fmt: skip
-        entries.append(evaluate_model(model, tok, pruning, meta, tasks, episodes, out))
+        entries.append(evaluate_model(model, tok, pruning, meta, tasks, episodes, out, browsers))
     return entries
 
 
@@ -266,7 +278,8 @@ def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
             )
         return found
     if config.checkpoints:
-        entries = evaluate_checkpoints(config.checkpoints, parse_tasks(spec["tasks"]), config.episodes, config.work)
+        entries = evaluate_checkpoints(config.checkpoints, parse_tasks(spec["tasks"]), config.episodes, config.work,
+                                       config.browsers)  # fmt: skip
         (config.work / "checkpoints" / "results.json").write_text(json.dumps({"results": entries}, indent=2))
         (config.work / "checkpoints" / "table.md").write_text(table(entries) + "\n")
         plot_curves(config.work / "checkpoints" / "curves.png", entries)
@@ -285,7 +298,7 @@ def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
     entries: list[dict] = []
     for arm in spec["arms"]:
         if not wanted or arm["name"] in wanted:
-            entries += run_arm(arm, spec["base"], frame, tasks, config.work, config.episodes)
+            entries += run_arm(arm, spec["base"], frame, tasks, config.work, config.episodes, config.browsers)
         else:  # not run now: its finished evaluations still belong in the table
             entries += [json.loads(p.read_text()) for p in sorted((config.work / arm["name"]).glob("eval-*.json"))]
     entries.sort(key=lambda e: ([a["name"] for a in spec["arms"]].index(e["arm"]), e["step"]))

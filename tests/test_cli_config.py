@@ -152,6 +152,7 @@ def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
     from flywheel.bench_edge import EdgeBenchConfig
     from flywheel.bench_env import EnvBenchConfig
+    from flywheel.bench_learner import LearnerBenchConfig
     from flywheel.bench_maintenance import MaintenanceBenchConfig
     from flywheel.bench_pipeline import BenchConfig
     from flywheel.cli import EvalConfig
@@ -165,7 +166,7 @@ def config_classes() -> dict[str, type]:
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig, EnvBenchConfig)  # fmt: skip
+               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

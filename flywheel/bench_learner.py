@@ -1,0 +1,278 @@
+"""`flywheel bench learner`: samples/s of each learner update, FLOPs per sample and the share of this CPU's
+fp32 ceiling it reaches, per recipe and thread count, side by side in one run.
+
+    sft          one SFT step (learner.vla_sft.train_vla): forward, loss, backward, AdamW
+    offline_rl   one offline RL step (learner.offline_rl): AWR on a batch + trajectory DPO with its reference
+    ppo          one PPO update over a batch of rollouts (learner.online_rl.ppo_update, RefKL: with the
+                 reference model's forward)
+    semi_online  one semi-online round (learner.semi_online): the model's rollouts over expert trajectories in
+                 onnxruntime, then its PPO update
+
+Data (untimed, made once): expert demonstrations on `tasks` through the fast environment path, a short SFT
+per recipe, and that model's sampled rollouts (GRPO groups), all as the rows the pipeline would write.
+Timing: each update runs `warmup` steps, then `steps` timed steps in a fresh call that resumes from the
+warm-up's checkpoint (model, optimizer and sampler as they were), so what is timed is training alone (the
+dataset decode and model load happen before a run's clock starts). SFT is also split into phases (data,
+forward, backward, optimizer) by wrapping those calls.
+
+FLOPs per sample are counted by torch.utils.flop_counter on one update of each kind (matmuls and convolutions,
+forward and backward; the reference forward counted in ppo). The fp32 ceiling is measured on this machine: a
+2048 x 2048 fp32 matmul at the same thread count (what the BLAS reaches here), with the theoretical peak from
+the CPU's vector width and clock beside it. Results: DIR/learner_bench.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from core.settings import TIER1_TASKS
+from flywheel.bench_env import Profiler
+
+UPDATES = ("sft", "offline_rl", "ppo", "semi_online")
+DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")
+
+
+@dataclass(frozen=True)
+class LearnerBenchConfig:
+    out: Path = Path("runs/bench-learner")
+    """learner_bench.json goes here."""
+    recipes: str = "demo,release"
+    """Comma-separated recipes (learner.config.VLARecipe: names in configs/ or paths); 'release-patch' is the
+    first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s."""
+    threads: str = "1,2"
+    """Comma-separated torch thread counts."""
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    """Tasks of the demonstrations and rollouts."""
+    demos_per_task: int = 8
+    """Expert demonstrations per task."""
+    steps: int = 12
+    """Timed optimizer steps of sft and offline_rl (ppo and semi_online: one update or round each)."""
+    warmup: int = 3
+    """Untimed steps (or one untimed update) before each timed run."""
+    seed: int = 0
+    """Seeds the demonstrations, the short SFT and the rollouts' sampling."""
+
+
+def fp32_ceiling(threads: int) -> dict:
+    """GFLOP/s of a large fp32 matmul at `threads`, and the theoretical peak of this CPU."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(2):
+        a @ b
+    runs = 6
+    started = time.perf_counter()
+    for _ in range(runs):
+        a @ b
+    measured = runs * 2 * 2048**3 / (time.perf_counter() - started) / 1e9
+    return {"threads": threads, "matmul_gflops": round(measured, 1), "theoretical_gflops": theoretical_peak(threads)}
+
+
+def theoretical_peak(threads: int) -> float | None:
+    """cores x GHz x fp32 FLOPs per cycle: 2 FMA units x lanes (16 with AVX-512, 8 with AVX2) x 2."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    mhz = next((float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")), 0.0)
+    lanes = 16 if " avx512f" in flags else 8 if " avx2" in flags else 4
+    return round(threads * mhz / 1000 * 2 * lanes * 2, 1)
+
+
+@dataclass
+class BenchData:
+    demos: Any  # pl.DataFrame: expert demonstrations
+    rollouts: Any  # pl.DataFrame: the short SFT's sampled rollouts, GRPO groups
+    sft_checkpoint: Path
+    recipe: Any  # VLARecipe
+
+
+def collect_demos(tasks: tuple[str, ...], per_task: int, seed: int):
+    from edge_client.env import GuiEnv
+    from edge_client.experts import expert_for
+    from flywheel.curriculum import run_episodes
+
+    with GuiEnv(tasks[0]) as env:
+        demos, _ = run_episodes(env, expert_for, tasks, range(seed, seed + per_task), 1, "expert", "demo", 10)
+    return demos
+
+
+def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> BenchData:
+    """A short SFT of the recipe on the demonstrations, and its sampled rollouts (4 per seed, 2 seeds a task)."""
+    from edge_client.env import EnvConfig, GuiEnv
+    from flywheel.curriculum import run_episodes
+    from learner.vla_export import export_bundle
+    from learner.vla_sft import train_vla
+    from policy.runtime import VLAPolicy
+    from policy.sampling import Sampling
+
+    recipe = load_recipe(recipe_name)
+    train = replace(recipe.train, steps=30, warmup_steps=5, checkpoint_every=0, snapshot_every=0)
+    sft = train_vla(demos, train, work / "sft", model_config=recipe.model, pruning=recipe.pruning,
+                    vocab_size=recipe.vocab_size)  # fmt: skip
+    bundle = export_bundle(sft.model, sft.tokenizer, sft.pruning, work / "sft.vla")
+    policy = VLAPolicy(bundle, "bench-sft", sampling=Sampling(1.0, 5, seed=config.seed))
+    with GuiEnv(config.tasks[0], EnvConfig(read_dom=False)) as env:
+        rollouts, _ = run_episodes(env, lambda _task: policy, config.tasks, range(500_000, 500_002), 4, "bench-sft",
+                                   "rollout", 10)  # fmt: skip
+    return BenchData(demos, rollouts, sft.checkpoint_path, recipe)
+
+
+def load_recipe(name: str):
+    from learner.config import VLARecipe
+
+    if name != "release-patch":
+        return VLARecipe.load(name, progress_bar=False)
+    from registry.store import RELEASE_DIR
+
+    raw = json.loads((RELEASE_DIR / "manifest.json").read_text())["config"]
+    return VLARecipe.from_dict(raw, progress_bar=False)
+
+
+def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[int], Any]:
+    """steps -> the VLAResult (and for semi_online its stats) of running `update` up to that many steps."""
+    import polars as pl
+
+    from learner.offline_rl import OfflineRLConfig, train_offline_rl
+    from learner.online_rl import OnlineRLConfig, ppo_update
+    from learner.semi_online import SemiOnlineConfig, semi_online_update
+    from learner.vla_sft import train_vla
+
+    sft = str(data.sft_checkpoint)
+    if update == "sft":
+        return lambda stop: train_vla(data.demos, train, out, init_checkpoint=sft, stop_at=stop)
+    if update == "offline_rl":
+        logged = pl.concat([data.demos, data.rollouts])
+        return lambda stop: train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop)
+    if update == "ppo":
+        return lambda _stop: ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out)
+    if update == "semi_online":
+        episodes = data.demos["episode_id"].unique(maintain_order=True).to_list()[:16]
+        trajectories = data.demos.filter(pl.col("episode_id").is_in(episodes))
+        return lambda _stop: semi_online_update(trajectories, train, SemiOnlineConfig(top_k=5), sft, sft, out)[0]
+    raise ValueError(f"unknown update {update!r}; the updates are {', '.join(UPDATES)}")
+
+
+def time_update(update: str, data: BenchData, threads: int, config: LearnerBenchConfig, work: Path) -> dict:
+    train = replace(data.recipe.train, num_threads=threads, steps=100_000, warmup_steps=10, checkpoint_every=0,
+                    snapshot_every=0, progress_bar=False)  # fmt: skip
+    out = work / f"{update}-{threads}"
+    run = update_runner(update, data, train, out)
+    run(config.warmup)  # untimed: the first steps (allocations, one-time work) and a checkpoint to resume
+    profiler = Profiler()
+    with phases(profiler) if update == "sft" else _nothing():
+        started = time.perf_counter()
+        result = run(config.warmup + config.steps)
+        wall = time.perf_counter() - started
+    shutil.rmtree(out, ignore_errors=True)
+    samples = len(result.losses) * train.batch_size
+    figures = {"samples_per_s": round(result.samples_per_s, 2), "optimizer_steps": len(result.losses),
+               "samples": samples, "wall_s": round(wall, 2), "train_wall_s": round(result.wall_s, 2),
+               "final_loss": round(result.losses[-1], 4) if result.losses else None}  # fmt: skip
+    if update == "sft" and result.losses:
+        figures["phases_ms_per_step"] = {k: round(v / len(result.losses), 2) for k, v in profiler.ms.items()}
+    return figures
+
+
+@contextmanager
+def phases(profiler: Profiler):
+    """An SFT step's phases: the batch (data), the model's forward, the loss, backward and the AdamW step."""
+    import torch
+
+    from learner import vla, vla_sft
+
+    wrapped = [(vla_sft.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
+               (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
+    for owner, name, phase in wrapped:
+        profiler.wrap(owner, name, phase)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def flops_per_sample(update: str, data: BenchData, work: Path) -> float:
+    """fp FLOPs of one update of `update` (one step, or one PPO update / semi-online round) per sample trained."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    train = replace(data.recipe.train, num_threads=2, steps=100_000, warmup_steps=10, checkpoint_every=0,
+                    snapshot_every=0, progress_bar=False)  # fmt: skip
+    run = update_runner(update, data, train, work / f"flops-{update}")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        result = run(1)
+    shutil.rmtree(work / f"flops-{update}", ignore_errors=True)
+    samples = max(1, len(result.losses) * train.batch_size)
+    return counter.get_total_flops() / samples
+
+
+def run_bench(config: LearnerBenchConfig) -> dict:
+    import torch
+
+    config.out.mkdir(parents=True, exist_ok=True)
+    threads = [int(t) for t in config.threads.split(",") if t]
+    report: dict[str, Any] = {
+        "config": {**asdict(config), "out": str(config.out)},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "mkldnn": torch.backends.mkldnn.is_available(),
+            "blas": torch.backends.mkl.is_available() and "mkl" or "other",
+        },  # fmt: skip
+        "ceilings": {str(t): fp32_ceiling(t) for t in threads},
+        "recipes": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        demos = collect_demos(config.tasks, config.demos_per_task, config.seed)
+        report["demos"] = {"episodes": demos["episode_id"].n_unique(), "steps": demos.height}
+        for name in [r for r in config.recipes.split(",") if r]:
+            data = prepare(name, demos, config, work / name)
+            entry: dict[str, Any] = {"batch_size": data.recipe.train.batch_size, "updates": {}}
+            for update in UPDATES:
+                flops = flops_per_sample(update, data, work / name)
+                per_thread = {}
+                for t in threads:
+                    figures = time_update(update, data, t, config, work / name)
+                    achieved = flops * figures["samples_per_s"] / 1e9
+                    ceiling = report["ceilings"][str(t)]
+                    figures |= {"gflops": round(achieved, 2),
+                                "of_matmul_ceiling": round(achieved / ceiling["matmul_gflops"], 3),
+                                "of_theoretical_peak": round(achieved / ceiling["theoretical_gflops"], 3)
+                                if ceiling["theoretical_gflops"] else None}  # fmt: skip
+                    per_thread[str(t)] = figures
+                    print(format_line(name, update, t, flops, figures), flush=True)
+                entry["updates"][update] = {"gflop_per_sample": round(flops / 1e9, 4), "threads": per_thread}
+            report["recipes"][name] = entry
+            (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
+    (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_line(recipe: str, update: str, threads: int, flops: float, figures: dict) -> str:
+    line = (f"{recipe:14s} {update:12s} {threads} thread(s): {figures['samples_per_s']:8.2f} samples/s "
+            f"{flops / 1e9:7.3f} GFLOP/sample {figures['gflops']:7.2f} GFLOP/s "
+            f"({100 * figures['of_matmul_ceiling']:.1f}% of the matmul ceiling)")  # fmt: skip
+    if "phases_ms_per_step" in figures:
+        line += " | ms/step: " + " ".join(f"{k} {v}" for k, v in figures["phases_ms_per_step"].items())
+    return line
