@@ -15,10 +15,12 @@ warm-up's checkpoint (model, optimizer and sampler as they were), so what is tim
 dataset decode and model load happen before a run's clock starts). SFT is also split into phases (data,
 forward, backward, optimizer) by wrapping those calls.
 
-FLOPs per sample are counted by torch.utils.flop_counter on one update of each kind (matmuls and convolutions,
-forward and backward; the reference forward counted in ppo). The fp32 ceiling is measured on this machine: a
-2048 x 2048 fp32 matmul at the same thread count (what the BLAS reaches here), with the theoretical peak from
-the CPU's vector width and clock beside it. Results: DIR/learner_bench.json.
+FLOPs per sample are counted by torch.utils.flop_counter (matmuls, convolutions, attention; forward and
+backward; the reference forward in ppo) over exactly the timed steps, replayed from a copy of the warmed-up
+run; semi_online's training is a RefKL PPO update (its figure), its rollouts are onnxruntime's, not counted.
+The fp32 ceiling is measured on this machine: a 2048 x 2048 fp32 matmul at the same thread count (what the BLAS
+reaches here), with the theoretical peak from the CPU's vector width and clock beside it.
+Results: DIR/learner_bench.json.
 """
 
 from __future__ import annotations
@@ -159,28 +161,43 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
     if update == "ppo":
         return lambda _stop: ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out)
     if update == "semi_online":
-        episodes = data.demos["episode_id"].unique(maintain_order=True).to_list()[:16]
-        trajectories = data.demos.filter(pl.col("episode_id").is_in(episodes))
+        # Multi-step trajectories: today's group filter drops every one-step task's group (issue 23).
+        steps = data.demos.group_by("episode_id").len().filter(pl.col("len") > 1)["episode_id"].to_list()[:16]
+        trajectories = data.demos.filter(pl.col("episode_id").is_in(steps))
         return lambda _stop: semi_online_update(trajectories, train, SemiOnlineConfig(top_k=5), sft, sft, out)[0]
     raise ValueError(f"unknown update {update!r}; the updates are {', '.join(UPDATES)}")
 
 
 def time_update(update: str, data: BenchData, threads: int, config: LearnerBenchConfig, work: Path) -> dict:
+    """samples/s of `steps` steps of `update` after `warmup` untimed ones, and the FLOPs of exactly those steps:
+    counted on a copy of the warmed-up run, whose seeded sampler draws the same batches and keep ratios."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     train = replace(data.recipe.train, num_threads=threads, steps=100_000, warmup_steps=10, checkpoint_every=0,
                     snapshot_every=0, progress_bar=False)  # fmt: skip
-    out = work / f"{update}-{threads}"
-    run = update_runner(update, data, train, out)
-    run(config.warmup)  # untimed: the first steps (allocations, one-time work) and a checkpoint to resume
+    out, counted = work / f"{update}-{threads}", work / f"{update}-{threads}-flops"
+    update_runner(update, data, train, out)(config.warmup)  # untimed; leaves a checkpoint to resume from
+    shutil.copytree(out, counted)
     profiler = Profiler()
     with phases(profiler) if update == "sft" else _nothing():
         started = time.perf_counter()
-        result = run(config.warmup + config.steps)
+        result = update_runner(update, data, train, out)(config.warmup + config.steps)
         wall = time.perf_counter() - started
+    flops = None
+    if update != "semi_online":  # its ONNX export cannot run under the counter; its update is a ppo one
+        counter = FlopCounterMode(display=False)
+        with counter:
+            update_runner(update, data, train, counted)(config.warmup + config.steps)
+        flops = counter.get_total_flops()
     shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(counted, ignore_errors=True)
     samples = len(result.losses) * train.batch_size
-    figures = {"samples_per_s": round(result.samples_per_s, 2), "optimizer_steps": len(result.losses),
-               "samples": samples, "wall_s": round(wall, 2), "train_wall_s": round(result.wall_s, 2),
-               "final_loss": round(result.losses[-1], 4) if result.losses else None}  # fmt: skip
+    # A semi-online round is its rollouts and its update: its rate is over the whole round.
+    rate = samples / wall if update == "semi_online" else result.samples_per_s
+    figures = {"samples_per_s": round(rate, 2), "optimizer_steps": len(result.losses), "samples": samples,
+               "wall_s": round(wall, 2), "train_wall_s": round(result.wall_s, 2),
+               "final_loss": round(result.losses[-1], 4) if result.losses else None,
+               "gflop_per_sample": round(flops / samples / 1e9, 4) if flops and samples else None}  # fmt: skip
     if update == "sft" and result.losses:
         figures["phases_ms_per_step"] = {k: round(v / len(result.losses), 2) for k, v in profiler.ms.items()}
     return figures
@@ -210,21 +227,6 @@ def _nothing():
     yield
 
 
-def flops_per_sample(update: str, data: BenchData, work: Path) -> float:
-    """fp FLOPs of one update of `update` (one step, or one PPO update / semi-online round) per sample trained."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    train = replace(data.recipe.train, num_threads=2, steps=100_000, warmup_steps=10, checkpoint_every=0,
-                    snapshot_every=0, progress_bar=False)  # fmt: skip
-    run = update_runner(update, data, train, work / f"flops-{update}")
-    counter = FlopCounterMode(display=False)
-    with counter:
-        result = run(1)
-    shutil.rmtree(work / f"flops-{update}", ignore_errors=True)
-    samples = max(1, len(result.losses) * train.batch_size)
-    return counter.get_total_flops() / samples
-
-
 def run_bench(config: LearnerBenchConfig) -> dict:
     import torch
 
@@ -250,28 +252,29 @@ def run_bench(config: LearnerBenchConfig) -> dict:
             data = prepare(name, demos, config, work / name)
             entry: dict[str, Any] = {"batch_size": data.recipe.train.batch_size, "updates": {}}
             for update in UPDATES:
-                flops = flops_per_sample(update, data, work / name)
-                per_thread = {}
+                entry["updates"][update] = {}
                 for t in threads:
                     figures = time_update(update, data, t, config, work / name)
-                    achieved = flops * figures["samples_per_s"] / 1e9
+                    if figures["gflop_per_sample"] is None and update == "semi_online":
+                        # Its training is a RefKL PPO update (rollouts in onnxruntime, which torch does not count).
+                        figures["gflop_per_sample"] = entry["updates"]["ppo"][str(t)]["gflop_per_sample"]
+                    achieved = (figures["gflop_per_sample"] or 0.0) * figures["samples_per_s"]
                     ceiling = report["ceilings"][str(t)]
                     figures |= {"gflops": round(achieved, 2),
                                 "of_matmul_ceiling": round(achieved / ceiling["matmul_gflops"], 3),
                                 "of_theoretical_peak": round(achieved / ceiling["theoretical_gflops"], 3)
                                 if ceiling["theoretical_gflops"] else None}  # fmt: skip
-                    per_thread[str(t)] = figures
-                    print(format_line(name, update, t, flops, figures), flush=True)
-                entry["updates"][update] = {"gflop_per_sample": round(flops / 1e9, 4), "threads": per_thread}
+                    entry["updates"][update][str(t)] = figures
+                    print(format_line(name, update, t, figures), flush=True)
             report["recipes"][name] = entry
             (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
     (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
     return report
 
 
-def format_line(recipe: str, update: str, threads: int, flops: float, figures: dict) -> str:
+def format_line(recipe: str, update: str, threads: int, figures: dict) -> str:
     line = (f"{recipe:14s} {update:12s} {threads} thread(s): {figures['samples_per_s']:8.2f} samples/s "
-            f"{flops / 1e9:7.3f} GFLOP/sample {figures['gflops']:7.2f} GFLOP/s "
+            f"{figures['gflop_per_sample']:7.3f} GFLOP/sample {figures['gflops']:7.2f} GFLOP/s "
             f"({100 * figures['of_matmul_ceiling']:.1f}% of the matmul ceiling)")  # fmt: skip
     if "phases_ms_per_step" in figures:
         line += " | ms/step: " + " ".join(f"{k} {v}" for k, v in figures["phases_ms_per_step"].items())
