@@ -53,6 +53,8 @@ class LearnerBenchConfig:
     first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s."""
     threads: str = "1,2"
     """Comma-separated torch thread counts."""
+    updates: str = ",".join(UPDATES)
+    """Comma-separated updates to time (of sft, offline_rl, ppo, semi_online)."""
     tasks: tuple[str, ...] = DEFAULT_TASKS
     """Tasks of the demonstrations and rollouts."""
     demos_per_task: int = 8
@@ -63,6 +65,10 @@ class LearnerBenchConfig:
     """Untimed steps (or one untimed update) before each timed run."""
     seed: int = 0
     """Seeds the demonstrations, the short SFT and the rollouts' sampling."""
+    step_variants: str = "eager,bf16"
+    """The SFT step of each recipe also run these ways on the same batches, from the same weights: 'eager'
+    (as trained today), 'bf16' (autocast to bfloat16, AMX where the CPU has it), 'compile' (torch.compile;
+    minutes of compilation first)."""
 
 
 def fp32_ceiling(threads: int) -> dict:
@@ -143,8 +149,8 @@ def load_recipe(name: str):
     return VLARecipe.from_dict(raw, progress_bar=False)
 
 
-def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[int], Any]:
-    """steps -> the VLAResult (and for semi_online its stats) of running `update` up to that many steps."""
+def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[int], tuple[Any, dict]]:
+    """steps -> (the VLAResult of running `update` up to that many steps, its extra figures)."""
     import polars as pl
 
     from learner.offline_rl import OfflineRLConfig, train_offline_rl
@@ -154,17 +160,17 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
 
     sft = str(data.sft_checkpoint)
     if update == "sft":
-        return lambda stop: train_vla(data.demos, train, out, init_checkpoint=sft, stop_at=stop)
+        return lambda stop: (train_vla(data.demos, train, out, init_checkpoint=sft, stop_at=stop), {})
     if update == "offline_rl":
         logged = pl.concat([data.demos, data.rollouts])
-        return lambda stop: train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop)
+        return lambda stop: (train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop), {})
     if update == "ppo":
-        return lambda _stop: ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out)
+        return lambda _stop: (ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out), {})
     if update == "semi_online":
         # Multi-step trajectories: today's group filter drops every one-step task's group (issue 23).
         steps = data.demos.group_by("episode_id").len().filter(pl.col("len") > 1)["episode_id"].to_list()[:16]
         trajectories = data.demos.filter(pl.col("episode_id").is_in(steps))
-        return lambda _stop: semi_online_update(trajectories, train, SemiOnlineConfig(top_k=5), sft, sft, out)[0]
+        return lambda _stop: semi_online_update(trajectories, train, SemiOnlineConfig(top_k=5), sft, sft, out)
     raise ValueError(f"unknown update {update!r}; the updates are {', '.join(UPDATES)}")
 
 
@@ -181,7 +187,7 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
     profiler = Profiler()
     with phases(profiler) if update == "sft" else _nothing():
         started = time.perf_counter()
-        result = update_runner(update, data, train, out)(config.warmup + config.steps)
+        result, extra = update_runner(update, data, train, out)(config.warmup + config.steps)
         wall = time.perf_counter() - started
     flops = None
     if update != "semi_online":  # its ONNX export cannot run under the counter; its update is a ppo one
@@ -198,6 +204,8 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
                "wall_s": round(wall, 2), "train_wall_s": round(result.wall_s, 2),
                "final_loss": round(result.losses[-1], 4) if result.losses else None,
                "gflop_per_sample": round(flops / samples / 1e9, 4) if flops and samples else None}  # fmt: skip
+    if "rollout_steps" in extra:  # a semi-online round: its simulated rollouts, and what survived its filter
+        figures |= {"rollout_steps_per_s": round(extra["rollout_steps"] / wall, 2), **extra}
     if update == "sft" and result.losses:
         figures["phases_ms_per_step"] = {k: round(v / len(result.losses), 2) for k, v in profiler.ms.items()}
     return figures
@@ -227,6 +235,54 @@ def _nothing():
     yield
 
 
+def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps: int) -> dict:
+    """samples/s of the recipe's SFT step done `variants` ways: the same batches (one keep ratio, the recipe's
+    first), the same starting weights, `steps` timed steps after 2 untimed; and each way's loss at the end."""
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    from learner.vla import vla_loss
+    from learner.vla_sft import VLADataset, load_vla
+    from policy.pruning import keep_count
+
+    torch.set_num_threads(threads)
+    model, tok, pruning = load_vla(data.sft_checkpoint)
+    dataset = VLADataset(data.demos, tok, model.cfg, pruning)
+    rng = np.random.default_rng(0)
+    batches = [dataset.batch(rng.integers(0, len(dataset), size=data.recipe.train.batch_size))
+               for _ in range(steps + 2)]  # fmt: skip
+    keep = keep_count(model.cfg.num_patches, data.recipe.train.keep_ratios[0])
+    out = {}
+    for variant in variants:
+        net, _, _ = load_vla(data.sft_checkpoint)
+        net.train()
+        optimizer = torch.optim.AdamW(net.parameters(), lr=data.recipe.train.lr)
+        forward = torch.compile(net, dynamic=True) if variant == "compile" else net
+        bf16 = variant == "bf16"
+        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        started, losses = time.perf_counter(), []
+        for i, batch in enumerate(batches):
+            if i == 2:  # after the untimed steps (and compilation)
+                warm_s, started = time.perf_counter() - started, time.perf_counter()
+            with autocast():
+                logits, relevance, _ = forward(batch["image"], batch["prior"], batch["instruction_ids"],
+                                               batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
+                total, _, _ = vla_loss(logits.float(), batch["labels"], relevance.float(), batch["target_patch"],
+                                       data.recipe.train.relevance_weight)  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            optimizer.step()
+            losses.append(total.item())
+        wall = time.perf_counter() - started
+        out[variant] = {"samples_per_s": round(steps * data.recipe.train.batch_size / wall, 2),
+                        "untimed_s": round(warm_s, 1), "final_loss": round(losses[-1], 4)}  # fmt: skip
+        print(f"  sft step, {variant:8s} {threads} thread(s): {out[variant]['samples_per_s']:8.2f} samples/s, "
+              f"loss after {len(losses)} steps {out[variant]['final_loss']}", flush=True)  # fmt: skip
+    return out
+
+
 def run_bench(config: LearnerBenchConfig) -> dict:
     import torch
 
@@ -251,13 +307,14 @@ def run_bench(config: LearnerBenchConfig) -> dict:
         for name in [r for r in config.recipes.split(",") if r]:
             data = prepare(name, demos, config, work / name)
             entry: dict[str, Any] = {"batch_size": data.recipe.train.batch_size, "updates": {}}
-            for update in UPDATES:
+            for update in [u for u in config.updates.split(",") if u]:
                 entry["updates"][update] = {}
                 for t in threads:
                     figures = time_update(update, data, t, config, work / name)
                     if figures["gflop_per_sample"] is None and update == "semi_online":
                         # Its training is a RefKL PPO update (rollouts in onnxruntime, which torch does not count).
-                        figures["gflop_per_sample"] = entry["updates"]["ppo"][str(t)]["gflop_per_sample"]
+                        ppo = entry["updates"].get("ppo", {}).get(str(t), {})
+                        figures["gflop_per_sample"] = ppo.get("gflop_per_sample")
                     achieved = (figures["gflop_per_sample"] or 0.0) * figures["samples_per_s"]
                     ceiling = report["ceilings"][str(t)]
                     figures |= {"gflops": round(achieved, 2),
@@ -266,6 +323,10 @@ def run_bench(config: LearnerBenchConfig) -> dict:
                                 if ceiling["theoretical_gflops"] else None}  # fmt: skip
                     entry["updates"][update][str(t)] = figures
                     print(format_line(name, update, t, figures), flush=True)
+            variants = [v for v in config.step_variants.split(",") if v]
+            if variants:
+                entry["sft_step_variants"] = {str(t): sft_step_variants(data, t, variants, config.steps)
+                                              for t in threads}  # fmt: skip
             report["recipes"][name] = entry
             (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
     (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
@@ -276,6 +337,8 @@ def format_line(recipe: str, update: str, threads: int, figures: dict) -> str:
     line = (f"{recipe:14s} {update:12s} {threads} thread(s): {figures['samples_per_s']:8.2f} samples/s "
             f"{figures['gflop_per_sample']:7.3f} GFLOP/sample {figures['gflops']:7.2f} GFLOP/s "
             f"({100 * figures['of_matmul_ceiling']:.1f}% of the matmul ceiling)")  # fmt: skip
+    if "rollout_steps_per_s" in figures:
+        line += f" | rollouts {figures['rollout_steps_per_s']} steps/s, {figures['trained_steps']} trained"
     if "phases_ms_per_step" in figures:
         line += " | ms/step: " + " ".join(f"{k} {v}" for k, v in figures["phases_ms_per_step"].items())
     return line
