@@ -56,7 +56,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.wait import WebDriverWait
 
-from edge_client.devtools import DevTools
+from edge_client.devtools import DevTools, DevToolsError
 from policy.interface import Observation
 from schemas import Action
 
@@ -318,7 +318,12 @@ class GuiEnv:
             self._env._hard_reset_instance()
             self._page_loaded = True
         if self.config.path == "fast":
-            raw_obs, info = self._reset_fast(seed)
+            try:
+                raw_obs, info = self._reset_fast(seed)
+            except DevToolsError as err:  # a reset starts the episode anew: once more on a new session
+                log.warning("DevTools session failed (%s); reconnecting", err)
+                self._close_devtools()
+                raw_obs, info = self._reset_fast(seed)
         else:
             # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
             self._env.instance.raise_episode_time()
@@ -333,6 +338,8 @@ class GuiEnv:
         if action.type == "noop":
             time.sleep(self.config.noop_wait_s)
         if self.config.path == "fast":
+            # A failed DevTools call raises (a WebDriverException): the episode loop ends the episode as it
+            # does for a broken browser, and the next reset reconnects.
             raw_obs, reward, done, meta = self._step_fast(miniwob_action)
         else:
             raw_obs, reward, done, _truncated, meta = self._env.step(miniwob_action)

@@ -112,3 +112,29 @@ def test_a_screen_does_not_depend_on_how_long_the_policy_thought(path: str) -> N
             result = run_episode(env, FieldClicker(think_s), "enter-text", FIRST_SEED, max_steps=4)
             screens.append([r.result.obs.screenshot for r in result.records])
     assert all(np.array_equal(a, b) for a, b in zip(*screens, strict=True))
+
+
+class SocketCutter:
+    """The expert, except that while it thinks the page's DevTools websocket drops."""
+
+    version = "expert"
+
+    def __init__(self, env: GuiEnv, task: str):
+        self.env, self.expert = env, expert_for(task)
+
+    def act(self, obs):
+        self.env._devtools._socket.close()
+        return self.expert.act(obs)
+
+
+def test_a_broken_devtools_connection_loses_at_most_one_episode() -> None:
+    with GuiEnv("click-test", EnvConfig(path="fast")) as env:
+        assert run_episode(env, expert_for("click-test"), "click-test", FIRST_SEED).success
+        env._devtools._socket.close()  # dropped between episodes: the reset reconnects
+        after_reset = run_episode(env, expert_for("click-test"), "click-test", FIRST_SEED + 1)
+        mid_episode = run_episode(env, SocketCutter(env, "click-test"), "click-test", FIRST_SEED + 2)
+        following = run_episode(env, expert_for("click-test"), "click-test", FIRST_SEED + 3)
+
+    assert after_reset.success
+    assert mid_episode.termination == "error"  # that step could not be taken: the episode is lost ...
+    assert following.success  # ... and the next one runs on a new session to the same browser
