@@ -2,8 +2,10 @@
 
 A group is the rollouts of one task and seed (MiniWoB++ resets by seed), so the advantage of an episode is
 its reward standardised within its group (learner.rl_losses.group_advantages) and every step of it shares
-that advantage. Rollouts arrive from several model versions: each token's importance ratio is taken
-against the behaviour log mu the edge recorded when it drew that token, clipped and truncated:
+that advantage. Decoupled PPO: each token's ratio is taken against pi_old, the learner's own policy when the
+update began (computed once, before its first step), and clipped; the behaviour log mu the edge recorded when
+it drew the token (a tempered, top-k sampler, possibly an older version) only weights it, min(pi_old / mu,
+ratio_cap):
 
     L = L_PPO                                           (guidance "none": plain PPO)
     L = L_PPO + beta(k) * KL(pi_theta || pi_SFT)        (RefKL, exact over the grammar's support)
@@ -55,7 +57,7 @@ class OnlineRLConfig:
     clip: float = 0.2
     """PPO's epsilon."""
     ratio_cap: float = 5.0
-    """Importance ratios are truncated here before the clip (stale behaviour versions)."""
+    """The importance weight pi_old / mu is truncated here (stale behaviour versions, the sampler's tempering)."""
     epochs: int = 2
     """Passes over each rollout batch."""
     demo_batch_size: int = 16
@@ -67,16 +69,36 @@ def episode_group_advantages(frame: pl.DataFrame) -> np.ndarray:
     return episode_advantages(frame, "success", ["task", "seed"], group_advantages)
 
 
-def behaviour_logprobs(frame: pl.DataFrame, labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
-    """(B, T) the recorded log mu of each row's generated tokens, laid on its labelled positions (0 elsewhere)."""
+def on_labels(per_row: list[list[float]], labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    """(B, T): per_row[i], one value per generated token of row i, laid on the labelled positions of the
+    batch row holding it (0 elsewhere)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
-    column = frame["token_logprobs"]
     for row, i in enumerate(idx):
         positions = torch.nonzero(labels[row] != -100)[:, 0]
-        recorded = torch.tensor(column[int(i)].to_list(), dtype=torch.float32)
-        if len(recorded) != len(positions):
-            raise ValueError(f"row {int(i)}: {len(recorded)} recorded log-probs for {len(positions)} tokens")
-        out[row, positions] = recorded
+        values = torch.tensor(per_row[int(i)], dtype=torch.float32)
+        if len(values) != len(positions):
+            raise ValueError(f"row {int(i)}: {len(values)} log-probs for {len(positions)} tokens")
+        out[row, positions] = values
+    return out
+
+
+def behaviour_logprobs(frame: pl.DataFrame, labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    """(B, T) the recorded log mu of each row's generated tokens, laid on its labelled positions (0 elsewhere)."""
+    return on_labels(frame["token_logprobs"].to_list(), labels, idx)
+
+
+@torch.no_grad()
+def proximal_logprobs(model, data: VLADataset, tok, rows: np.ndarray, keep: int, batch_size: int) -> list:
+    """log pi_old: the learner's own log-probs of each row's generated tokens before the update's first step
+    (decoupled PPO's proximal policy). A list over the dataset's rows, each a list per token (None: not in
+    `rows`)."""
+    out: list = [None] * len(data)
+    for chunk in np.array_split(rows, max(1, -(-len(rows) // batch_size))):
+        batch = data.batch(chunk)
+        logp, _, mask = token_logprobs(model, batch, grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens),
+                                       keep)  # fmt: skip
+        for b, i in enumerate(chunk):
+            out[int(i)] = logp[b][mask[b] > 0].tolist()
     return out
 
 
@@ -116,13 +138,15 @@ def ppo_update(
     model.train()
     run.begin()
     informative = np.flatnonzero(advantages.numpy() != 0)  # steps of groups whose rollouts differ
+    old = proximal_logprobs(model, data, tok, informative, keep, train.batch_size) if len(informative) else []
     for _ in range(rl.epochs if len(informative) else 0):
         for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // train.batch_size)):
             batch = data.batch(chunk)
             masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
             logp, logp_all, mask = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
             mu = behaviour_logprobs(rollouts, batch["labels"], chunk)  # (B, T)
-            total = ppo_clip_loss(logp, mu, advantages[chunk], mask, rl.clip, rl.ratio_cap)
+            old_logp = on_labels(old, batch["labels"], chunk)  # (B, T)
+            total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], mask, rl.clip, rl.ratio_cap)
             beta = guidance_beta(step, rl.beta, rl.beta_warmup_steps, rl.beta_anneal_steps)
             if rl.guidance == "refkl" and beta > 0:
                 with torch.no_grad():

@@ -7,8 +7,9 @@ action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge r
 
     offline RL (AWR):      L = -sum_i w_i log pi(a_i|s_i) / sum_i 1,  w_i = min(exp(A_i / tau), w_max)
     bidirectional (DPO):   L = -log sigmoid(beta * ((log pi(y+) - log ref(y+)) - (log pi(y-) - log ref(y-))))
-    online RL (PPO clip):  L = -mean_t min(r_t A, clip(r_t, 1 - eps, 1 + eps) A),  r_t = exp(logp_t - log mu_t)
-                           with r_t truncated at `ratio_cap` (rollouts arrive from several older versions)
+    online RL (PPO clip):  L = -mean_t w_t min(r_t A, clip(r_t, 1 - eps, 1 + eps) A),  r_t = pi_theta / pi_old,
+                           w_t = min(pi_old / mu, cap): decoupled PPO, the clip against the learner's own
+                           policy at the update's start, the sampler's mu only as a truncated weight
     RefKL:                 L_PPO + beta(k) * KL(pi_theta || pi_SFT)     (exact, over the allowed vocabulary)
     DataBC:                L_PPO + beta(k) * -log pi_theta(a_demo | s)
     beta(k):               beta_0 for k < warmup, then linear to 0 over `anneal` steps
@@ -102,22 +103,29 @@ def dpo_loss(
 
 def ppo_clip_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of the rollout's tokens
-    behaviour_logp: torch.Tensor,  # (B, T) log mu recorded at the edge
+    old_logp: torch.Tensor,  # (B, T) log pi_old: the learner's own policy when this update began (no gradient)
+    behaviour_logp: torch.Tensor,  # (B, T) log mu the edge recorded when it drew them (tempered, top-k)
     advantages: torch.Tensor,  # (B,) one per sequence (GRPO) or per step
     mask: torch.Tensor,  # (B, T)
     clip: float = 0.2,
-    ratio_cap: float = 5.0,
+    weight_cap: float = 5.0,
 ) -> torch.Tensor:
-    """PPO's clipped surrogate with truncated importance ratios, token-level, as a loss to minimise.
+    """Decoupled PPO (AReaL), token-level, as a loss to minimise:
 
-    The ratio is taken against the behaviour policy that drew the token (whatever version it was), and
-    truncated at ratio_cap before the min: with stale behaviour a negative advantage times an unbounded
-    ratio would otherwise dominate the batch (dual-clip PPO's bound).
+        L = -mean_t w_t min(r_t A, clip(r_t, 1 - eps, 1 + eps) A),  r_t = pi_theta / pi_old,
+        w_t = min(pi_old / mu, weight_cap), without gradient.
+
+    The clip bounds how far one update moves from the learner's own policy (r_t = 1 at its first step), and
+    the behaviour policy only reweights: mu is the sampler's distribution (a temperature, top-k), so a ratio
+    against it would start far from 1 and clip the very tokens exploration found (pi 0.08 drawn at
+    temperature 0.7: pi / mu ~ 2, no gradient for the success that went through it). The cap bounds the
+    weight of tokens drawn by stale versions.
     """
-    ratio = torch.exp(logp - behaviour_logp).clamp(max=ratio_cap)  # (B, T)
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    weight = torch.exp(old_logp - behaviour_logp).clamp(max=weight_cap).detach()  # (B, T)
     a = advantages[:, None]  # (B, 1)
     surrogate = torch.minimum(ratio * a, ratio.clamp(1.0 - clip, 1.0 + clip) * a)  # (B, T)
-    return masked_mean(-surrogate, mask)
+    return masked_mean(-weight * surrogate, mask)
 
 
 def kl_to_reference(

@@ -107,3 +107,34 @@ def test_refkl_keeps_the_policy_closer_to_sft_than_plain_ppo(sft):
         kls = [kl_to_reference(token_logprobs(m, batch, masks, reference.cfg.num_patches)[1], ref_all, mask).item()
                for m in (plain, guided)]  # fmt: skip
     assert kls[1] < kls[0], kls
+
+
+def test_the_first_step_of_an_update_has_ratio_1_against_the_learners_own_policy(sft, tmp_path, monkeypatch):
+    """Rollouts drawn at temperature 0.7 among the top 5: mu is not pi, yet the update's first minibatch
+    clips against pi_old = pi_theta, so its ratio is 1 at every token (decoupled PPO)."""
+    import learner.online_rl as online_rl
+
+    work, sft_path = sft
+    model, tok, pruning = load_vla(sft_path)
+    bundle = export_bundle(model, tok, pruning, tmp_path / "sft.vla")
+    runtime = VLARuntime(bundle, keep_ratio=1.0)
+    rng, rows = np.random.default_rng(1), []
+    for seed in range(6):
+        image, (x0, y0, x1, y1) = box_screen(seed)
+        for g in range(GROUP):
+            gen, _ = runtime.step(image, INSTRUCTION, None, Sampling(temperature=0.7, top_k=5), rng)
+            a = runtime.tok.parse(gen.ids).action
+            rows.append(dict(episode_id=f"r{seed}-{g}", step=0, task="click-box", instruction=INSTRUCTION,
+                             screenshot=encode_png(image), thought="", action_type=a.type, x=a.x, y=a.y,
+                             text=a.text, key=a.key, tokens=gen.ids, token_logprobs=gen.token_logprobs,
+                             seed=seed, success=(g + seed) % 2 == 0))  # fmt: skip
+    calls = []
+    loss = online_rl.ppo_clip_loss
+    monkeypatch.setattr(online_rl, "ppo_clip_loss", lambda *args, **kw: calls.append(args) or loss(*args, **kw))
+    ppo_update(pl.DataFrame(rows), VLATrainConfig(batch_size=8, lr=1e-3, seed=0, progress_bar=False),
+               OnlineRLConfig(guidance="none", epochs=1), sft_path, sft_path, tmp_path / "ppo")  # fmt: skip
+
+    logp, old_logp, mu, _, mask = calls[0][:5]
+    on = mask > 0
+    assert torch.allclose(logp.detach()[on], old_logp[on], atol=1e-5)  # ratio 1: nothing clipped at first
+    assert (logp.detach()[on] - mu[on]).abs().max() > 0.1  # while pi / mu is not 1: mu is the sampler's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,20 +58,35 @@ def test_dpo_loss_prefers_the_success_relative_to_the_reference():
     assert chosen.grad.item() < 0 < rejected.grad.item()
 
 
-def test_ppo_clip_loss_clips_and_truncates_the_ratio():
+def test_ppo_clip_loss_clips_the_ratio_to_the_old_policy_and_truncates_the_behaviour_weight():
     log = math.log
-    # position ratios: 1.5 (A>0: clipped to 1.2), 0.5 (A>0: min(0.5, 0.8) = 0.5), 10 (A<0: truncated at 5,
-    # then min(-5, -1.2) = -5), masked position ignored
-    logp = t([[log(1.5), log(0.5)], [log(10.0), 0.0]])
-    behaviour = torch.zeros(2, 2)
+    # position ratios pi/pi_old: 1.5 (A>0: clipped to 1.2), 0.5 (A>0: min(0.5, 0.8) = 0.5), 0.5 (A<0:
+    # min(-0.5, -0.8) = -0.8); weights pi_old/mu: 1, 2, 10 truncated at 5; the masked position ignored
+    logp = t([[log(1.5), log(0.5)], [log(0.5), 0.0]])
+    old = torch.zeros(2, 2)
+    behaviour = t([[0.0, -log(2.0)], [-log(10.0), 0.0]])
     adv = t([1.0, -1.0])
     mask = t([[1.0, 1.0], [1.0, 0.0]])
-    loss = ppo_clip_loss(logp, behaviour, adv, mask, clip=0.2, ratio_cap=5.0)
-    assert loss.item() == pytest.approx(-(1.2 + 0.5 - 5.0) / 3)
-    # on-policy (ratio 1) it is -mean(A) and its gradient is the policy gradient -A
-    logp = torch.zeros(1, 1, requires_grad=True)
-    ppo_clip_loss(logp, torch.zeros(1, 1), t([2.0]), torch.ones(1, 1)).backward()
-    assert logp.grad.item() == pytest.approx(-2.0)
+    loss = ppo_clip_loss(logp, old, behaviour, adv, mask, clip=0.2, weight_cap=5.0)
+    assert loss.item() == pytest.approx(-(1.0 * 1.2 + 2.0 * 0.5 - 5.0 * 0.8) / 3)
+
+
+def test_an_on_policy_update_starts_at_ratio_1_and_reinforces_a_success_through_a_rare_token():
+    from policy.sampling import Sampling, behaviour_distribution
+
+    # pi over 6 allowed tokens; the success went through token 5, pi = 0.08. The edge drew it at temperature
+    # 0.7 among the top 5, so mu is the sharper distribution: pi / mu ~ 2 there.
+    pi = np.array([0.40, 0.25, 0.15, 0.07, 0.05, 0.08])
+    log_mu = behaviour_distribution(np.log(pi), Sampling(0.7, 5))
+    token = 5
+    assert math.exp(log_mu[token]) < pi[token] / 1.5
+
+    logp = torch.tensor([[math.log(pi[token])]], requires_grad=True)
+    old = logp.detach().clone()  # pi_old is pi_theta at the update's first step: ratio exactly 1
+    ppo_clip_loss(logp, old, t([[float(log_mu[token])]]), t([1.0]), torch.ones(1, 1)).backward()
+    weight = min(pi[token] / math.exp(log_mu[token]), 5.0)
+    assert logp.grad.item() == pytest.approx(-weight)  # gradient descent raises log pi of the rare success
+    assert logp.grad.item() < -1.5  # not clipped away (a ratio against mu would be ~2: outside 1 +- 0.2)
 
 
 def test_kl_to_reference_is_exact_over_the_allowed_tokens():
