@@ -5,8 +5,8 @@ Starting from the SFT model (also the frozen reference), each update is
     L = AWR + dpo_weight * DPO                                            (learner.rl_losses)
     AWR: every logged step's tokens, weighted by w = curation weight * min(exp(A / tau), w_max),
          A = the episode's score (processors.scoring) minus the mean score of its task's logged episodes
-    DPO: pairs (a success, a failure) of the same task, on the same seed where the log has one: the
-         failure's trajectory log-ratio to the reference is pushed below the success's
+    DPO: pairs (a success, a failure) of the same task and seed: the failure's trajectory log-ratio to the
+         reference is pushed below the success's
 
 AWR alone only re-weights imitation (a failure's weight is small but positive); the DPO term is what
 pushes probability away from the actions that led to dead ends. A model's rollout is scored on the
@@ -58,17 +58,19 @@ def step_advantages(frame: pl.DataFrame) -> np.ndarray:
 
 
 def preference_pairs(frame: pl.DataFrame) -> list[tuple[str, str]]:
-    """(success episode, failure episode) pairs: every failure with a success of its task and seed, else with
-    a success of its task; the model's own successes are preferred over demonstrations as partners."""
+    """(success episode, failure episode) pairs of the same task and seed: the same start screen, so the two
+    trajectories differ by what was done on it. A failure without a success on its seed gets no pair (a
+    success on another seed answers another instruction and screen: no preference between them). The
+    model's own successes are preferred over demonstrations as partners."""
     episodes = frame.unique("episode_id", keep="first", maintain_order=True)
     successes: dict[tuple, list[str]] = defaultdict(list)
     for row in episodes.filter(pl.col("success")).iter_rows(named=True):
         own = bool(row["tokens"])  # a model rollout (a demonstration records no tokens)
-        for key in ((row["task"], row["seed"]), (row["task"], None)):
-            successes[key].insert(0 if own else len(successes[key]), row["episode_id"])
+        key = (row["task"], row["seed"])
+        successes[key].insert(0 if own else len(successes[key]), row["episode_id"])
     pairs = []
     for row in episodes.filter(~pl.col("success")).iter_rows(named=True):
-        partners = successes.get((row["task"], row["seed"])) or successes.get((row["task"], None))
+        partners = successes.get((row["task"], row["seed"]))
         if partners:
             pairs.append((partners[0], row["episode_id"]))
     return pairs

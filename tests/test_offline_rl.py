@@ -61,6 +61,17 @@ def test_advantages_and_pairs_come_from_the_log(logged):
     assert len(pairs) == 12
 
 
+def test_a_preference_pair_always_shares_task_and_seed(logged):
+    _, _, frame = logged
+    alone = frame.filter(pl.col("episode_id") == "fail-12").with_columns(
+        pl.lit(99, dtype=frame.schema["seed"]).alias("seed"), pl.lit("fail-alone").alias("episode_id")
+    )
+    seeds = dict(zip(frame["episode_id"].to_list(), frame["seed"].to_list(), strict=True)) | {"fail-alone": 99}
+    pairs = preference_pairs(pl.concat([frame, alone]))
+    assert all(seeds[win] == seeds[lose] for win, lose in pairs)
+    assert "fail-alone" not in {lose for _, lose in pairs}  # no success on seed 99: no pair, not another seed's
+
+
 def failure_vs_reference(model, reference, tok, frame) -> tuple[float, float]:
     """Mean log-ratio to the reference of the logged failures' and successes' tokens."""
     data = VLADataset(frame.sort("episode_id", "step"), tok, model.cfg, PruningConfig(keep_ratio=1.0))
