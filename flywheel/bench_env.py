@@ -124,10 +124,11 @@ def open_env(path: str, task: str, read_dom: bool) -> Env:
 
 
 def profile_env(env: Any, path: str, task: str, profiler: Profiler) -> None:
-    """Wrap the reset and the methods that make up `env`'s step in profiler phases (once per object)."""
-    if getattr(env, "_profiled", None) == task if path == "stock" else getattr(env, "_profiled", None):
+    """Wrap the reset and the methods that make up `env`'s step in profiler phases, once per env (stock opens
+    a new one per task)."""
+    if getattr(env, "_profiled", False):
         return
-    env._profiled = task if path == "stock" else True
+    env._profiled = True
     profiler.wrap(env, "reset", "reset", whole=True)
     if path == "fast":
         profiler.wrap(env, "_act_fast", "act")
