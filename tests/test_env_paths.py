@@ -138,3 +138,20 @@ def test_a_broken_devtools_connection_loses_at_most_one_episode() -> None:
     assert after_reset.success
     assert mid_episode.termination == "error"  # that step could not be taken: the episode is lost ...
     assert following.success  # ... and the next one runs on a new session to the same browser
+
+
+def test_an_evaluation_reports_the_same_endings_with_one_browser_or_two() -> None:
+    from edge_client.evaluate import evaluate
+    from policy.interface import load_policy
+
+    def policies():
+        model = load_policy(RELEASE_DIR / "model.vla", "release")
+        return lambda _task: model
+
+    tasks, config = ["click-button", "click-link", "click-tab", "enter-text"], EnvConfig(read_dom=False)
+    one = evaluate(policies(), tasks, 6, seed=FIRST_SEED, env_config=config)
+    two = evaluate(policies(), tasks, 6, seed=FIRST_SEED, env_config=config, browsers=2, more_policies=policies)
+    assert two["browsers"] == 2
+    assert {t: r["termination_by_seed"] for t, r in two["tasks"].items()} == {
+        t: r["termination_by_seed"] for t, r in one["tasks"].items()
+    }
