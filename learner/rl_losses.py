@@ -15,7 +15,7 @@ action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge r
     beta(k):               beta_0 for k < warmup, then linear to 0 over `anneal` steps
     semi-online (UI-S1):   r_t = 0.1 * well_formed + 0.9 * action_score;  G_t = r_t + gamma * G_{t+1}, cut at a
                            mismatch;  A_t = z(G_t | task, step index) + z(R | task);  groups whose step-0
-                           returns spread <= 0.3 (std) are dropped
+                           returns are all alike are dropped
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def semi_online_advantages(
     return step_weight * step_term + episode_weight * group_advantages(episode_returns, episode_groups)
 
 
-def informative_groups(first_returns: torch.Tensor, groups: torch.Tensor, min_std: float = 0.3) -> torch.Tensor:
+def informative_groups(first_returns: torch.Tensor, groups: torch.Tensor, min_std: float = 1e-6) -> torch.Tensor:
     """The group ids to keep: those whose rollouts' step-0 returns spread more than `min_std` (population
     std). first_returns (R,) one per rollout, groups (R,) -> (G',) the kept ids, sorted."""
     ids, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)

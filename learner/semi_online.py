@@ -53,8 +53,10 @@ class SemiOnlineConfig:
     """Mismatches patched with the expert's action per rollout; the next one ends the rollout."""
     gamma: float = 0.5
     """Discount of the step returns."""
-    min_group_std: float = 0.3
-    """Groups whose rollouts' step-0 returns spread less than this (std) are dropped: nothing to rank."""
+    min_group_std: float = 1e-6
+    """Groups whose rollouts' step-0 returns spread no more than this (std) are dropped: nothing to rank.
+    Any spread is kept: a one-step task's returns are 1.0 (the expert's click) or 0.55 (a click elsewhere),
+    at most 0.225 apart in std, so the 0.3 of before dropped every such group (issue 23)."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts."""
     top_k: int = 0

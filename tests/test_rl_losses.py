@@ -152,6 +152,21 @@ def test_semi_online_advantages_add_the_step_and_episode_terms():
 def test_groups_whose_first_returns_barely_differ_are_dropped():
     from learner.rl_losses import informative_groups
 
-    # group 0: 1.0, 0.0 -> std 0.5, kept; group 1: 1.0, 0.6 -> std 0.2, dropped; group 2: one rollout, std 0.
+    # group 0: 1.0, 0.0 -> std 0.5; group 1: 1.0, 0.6 -> std 0.2; group 2: one rollout, std 0
     first = torch.tensor([1.0, 0.0, 1.0, 0.6, 0.9])
-    assert informative_groups(first, torch.tensor([0, 0, 1, 1, 2])).tolist() == [0]
+    assert informative_groups(first, torch.tensor([0, 0, 1, 1, 2]), min_std=0.3).tolist() == [0]
+    assert informative_groups(first, torch.tensor([0, 0, 1, 1, 2])).tolist() == [0, 1]  # by default: any spread
+
+
+def test_a_one_step_tasks_semi_online_group_survives_the_filter_when_its_rollouts_differ():
+    from learner.rl_losses import informative_groups, semi_online_returns, semi_online_step_reward
+    from learner.semi_online import SemiOnlineConfig
+
+    # 8 rollouts of a one-step trajectory: 7 click inside the expert's box (score 1), one elsewhere (0.5)
+    scores = torch.tensor([1.0] * 7 + [0.5])
+    rewards = semi_online_step_reward(torch.ones(8), scores)  # 1.0 and 0.55
+    matched = scores == 1.0
+    first = torch.stack([semi_online_returns(rewards[i : i + 1], matched[i : i + 1])[0] for i in range(8)])
+    group, threshold = torch.zeros(8, dtype=torch.long), SemiOnlineConfig().min_group_std
+    assert informative_groups(first, group, threshold).tolist() == [0]
+    assert informative_groups(torch.ones(8), group, threshold).tolist() == []  # all alike: nothing to rank

@@ -46,13 +46,15 @@ def test_the_action_score_grades_exact_type_and_parse():
 
 
 def test_rollout_advantages_rank_rollouts_of_one_trajectory_and_drop_flat_groups():
-    # Trajectory A: rollout a0 matches step 0 (r 1.0), a1 does not (r 0.55): G0 1.0 vs 0.55 -> std 0.225 <= 0.3:
-    # dropped. Trajectory B: b0 matches (1.0), b1 parses only (0.19): std 0.405: kept, +2 / -2 (both terms).
-    rows = pl.DataFrame({"episode_id": ["a0", "a1", "b0", "b1"], "trajectory": ["A", "A", "B", "B"],
-                         "step": [0, 0, 0, 0], "reward": [1.0, 0.55, 1.0, 0.19],
-                         "matched": [True, False, True, False]})  # fmt: skip
+    # Trajectory A: rollout a0 matches step 0 (r 1.0), a1 clicks elsewhere (r 0.55): kept (a one-step task's
+    # group differs by at most this much), +2 / -2 (both terms). B: b0 matches (1.0), b1 parses only (0.19):
+    # kept, +2 / -2. C: both match: flat, dropped.
+    rows = pl.DataFrame({"episode_id": ["a0", "a1", "b0", "b1", "c0", "c1"],
+                         "trajectory": ["A", "A", "B", "B", "C", "C"], "step": [0] * 6,
+                         "reward": [1.0, 0.55, 1.0, 0.19, 1.0, 1.0],
+                         "matched": [True, False, True, False, True, True]})  # fmt: skip
     advantages = rollout_advantages(rows, SemiOnlineConfig())
-    assert advantages.tolist() == pytest.approx([0.0, 0.0, 2.0, -2.0], abs=1e-4)
+    assert advantages.tolist() == pytest.approx([2.0, -2.0, 2.0, -2.0, 0.0, 0.0], abs=1e-4)
 
 
 def expert_frame(seeds) -> pl.DataFrame:
