@@ -167,7 +167,7 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
     if update == "ppo":
         return lambda _stop: (ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out), {})
     if update == "semi_online":
-        # Multi-step trajectories: today's group filter drops every one-step task's group (issue 23).
+        # Multi-step trajectories: a round over one-step ones would be a handful of one-step rollouts.
         steps = data.demos.group_by("episode_id").len().filter(pl.col("len") > 1)["episode_id"].to_list()[:16]
         trajectories = data.demos.filter(pl.col("episode_id").is_in(steps))
         return lambda _stop: semi_online_update(trajectories, train, SemiOnlineConfig(top_k=5), sft, sft, out)
