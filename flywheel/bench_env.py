@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -169,32 +169,27 @@ def policy_factory(name: str, model: Path) -> Callable[[], Callable[[str], Any]]
     return make
 
 
-def spool_publisher(directory: Path, task: str, seed: int, version: str,
+def spool_publisher(spool: Any, task: str, seed: int, version: str,
                     profiler: Profiler | None) -> Callable[[StepRecord], None]:  # fmt: skip
     """The edge's publish up to its first hop: StepEvent, encoded, appended to the on-disk spool."""
     from edge_client.runner import step_event
-    from edge_client.spool import Spool
     from schemas import encode_event
 
-    spool = Spool(directory, max_bytes=1 << 40)
-
     def publish(record: StepRecord) -> None:
-        with profiler.phase("publish") if profiler else _nothing():
+        with profiler.phase("publish") if profiler else nullcontext():
             event = step_event(record, "bench", f"bench-{task}-{seed}", task, seed, version)
             spool.append("steps", event.episode_id.encode(), encode_event(event))
 
     return publish
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spool_dir: Path) -> dict:
     """Every task's seeds through `browsers` browsers; figures of the timed episodes."""
+    from edge_client.spool import Spool
+
     make_policy = policy_factory(policy, config.model)
     policies = [make_policy() for _ in range(browsers)]
+    spools = [Spool(spool_dir / f"{path}-{policy}-{browsers}-{shard}", max_bytes=1 << 40) for shard in range(browsers)]
     profiler = Profiler() if browsers == 1 else None
     results: list[EpisodeResult] = []
     wall_s = 0.0
@@ -205,12 +200,12 @@ def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spoo
         done = []
         for i in range(shard, config.episodes_per_task, browsers):
             seed = config.seed + i
-            publish = spool_publisher(spool_dir / f"{path}-{policy}-{browsers}-{shard}", task, seed, policy, profiler)
+            publish = spool_publisher(spools[shard], task, seed, policy, profiler)
             done.append(run_episode(env, policy_for(task), task, seed, config.max_steps, publish))
         return done
 
     try:
-        with profiled_screenshots(profiler) if profiler and path != "fast" else _nothing():
+        with profiled_screenshots(profiler) if profiler and path != "fast" else nullcontext():
             for task in config.tasks:
                 envs = prepare_envs(envs, path, task, browsers, profiler, read_dom=policy == "expert")
                 started = time.perf_counter()
@@ -221,6 +216,8 @@ def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spoo
     finally:
         for env in envs:
             env.close()
+        for spool in spools:
+            spool.close()
     return figures(results, wall_s, profiler, browsers)
 
 
@@ -236,7 +233,7 @@ def prepare_envs(envs: list[Any], path: str, task: str, browsers: int, profiler:
         envs = [open_env(path, task, read_dom) for _ in range(browsers)]
     if profiler is not None:
         profile_env(envs[0], path, task, profiler)
-    with profiler.paused() if profiler else _nothing():
+    with profiler.paused() if profiler else nullcontext():
         for env in envs:
             env.reset(seed=0, task=task)  # the page load of a task switch, untimed
     return envs

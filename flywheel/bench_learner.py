@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,7 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
     update_runner(update, data, train, out)(config.warmup)  # untimed; leaves a checkpoint to resume from
     shutil.copytree(out, counted)
     profiler = Profiler()
-    with phases(profiler) if update == "sft" else _nothing():
+    with phases(profiler) if update == "sft" else nullcontext():
         started = time.perf_counter()
         result, extra = update_runner(update, data, train, out)(config.warmup + config.steps)
         wall = time.perf_counter() - started
@@ -230,16 +230,9 @@ def phases(profiler: Profiler):
             setattr(owner, name, original)
 
 
-@contextmanager
-def _nothing():
-    yield
-
-
 def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps: int) -> dict:
     """samples/s of the recipe's SFT step done `variants` ways: the same batches (one keep ratio, the recipe's
     first), the same starting weights, `steps` timed steps after 2 untimed; and each way's loss at the end."""
-    import contextlib
-
     import numpy as np
     import torch
 
@@ -261,7 +254,7 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
         optimizer = torch.optim.AdamW(net.parameters(), lr=data.recipe.train.lr)
         forward = torch.compile(net, dynamic=True) if variant == "compile" else net
         bf16 = variant == "bf16"
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
         started, losses = time.perf_counter(), []
         for i, batch in enumerate(batches):
             if i == 2:  # after the untimed steps (and compilation)
