@@ -6,8 +6,8 @@ environment path (edge_client.env) keeps chromedriver to start the browser, load
 CDP directly for what every step does: one page-side script, the click, the screenshot.
 
 Errors: a CDP error reply, a script that throws, a closed socket or a timeout raise `DevToolsError`, a
-`WebDriverException`, so the episode loop treats them as it treats a broken browser (the episode is lost,
-the next reset restarts the browser).
+`WebDriverException`, so the episode loop treats them as it treats a broken browser (the episode is lost);
+GuiEnv's next reset opens a new session.
 """
 
 from __future__ import annotations
