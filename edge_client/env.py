@@ -48,7 +48,7 @@ from miniwob.environment import MiniWoBEnvironment
 from miniwob.fields import get_field_extractor
 from miniwob.reward import get_raw_reward
 from miniwob.screenshot import get_screenshot, pil_to_numpy_array
-from miniwob.selenium_actions import execute_action_on_chromedriver
+from miniwob.selenium_actions import execute_action_on_chromedriver, execute_move_coords
 from miniwob.selenium_instance import DEFAULT_BASE_URL, SeleniumInstance
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as ChromeService
@@ -103,6 +103,12 @@ const style = document.createElement("style");
 style.textContent = "* { caret-animation: manual !important; }";
 document.head.appendChild(style);
 """
+
+# Where the pointer rests when an episode starts, on both paths: outside the 160x210 task area (inside both
+# paths' viewports). Left where the last episode's last click was, it hovered over whatever the new episode
+# drew there, so a first screen depended on the episode before it (click-tab seed 7001: success or failure
+# by which seed ran first in that browser).
+POINTER_REST = (480, 250)
 
 # The fast path's page-side scripts. Each runs as one task of the page's event loop and awaits in-page (a
 # timer, not a round trip): reset is miniwob's force_stop + begin_task + get_observation in one call, a step's
@@ -327,6 +333,7 @@ class GuiEnv:
         else:
             # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
             self._env.instance.raise_episode_time()
+            execute_move_coords(*POINTER_REST, self.driver)
             raw_obs, info = self._env.reset(seed=seed)
         self._step = 0
         self._instruction = raw_obs["utterance"]
@@ -379,6 +386,7 @@ class GuiEnv:
         """
         seed_js = "" if seed is None else f"Math.seedrandom({seed!r});"
         script = partial(self._reset_js, max_ms=int(self.config.episode_max_time_s * 1000), seed=seed_js)
+        self._move_pointer(*POINTER_REST)
         if self._page_loaded:
             self._read_page(script(warm_up="true"))
             self._page_loaded = False
@@ -412,12 +420,14 @@ class GuiEnv:
             execute_action_on_chromedriver(miniwob_action, [], config, self.driver)
             return
         left, top = config.compute_raw_coords(miniwob_action)
-        pointer = {"x": int(left), "y": int(top), "modifiers": 0, "pointerType": "mouse", "tangentialPressure": 0.0,
-                   "tiltX": 0, "tiltY": 0, "twist": 0}  # fmt: skip
-        moved = dict(type="mouseMoved", button="none", buttons=0, clickCount=0, force=0.0, **pointer)
+        pointer = _pointer(left, top)
         pressed = dict(type="mousePressed", button="left", buttons=0, clickCount=1, force=0.5, **pointer)
         released = dict(type="mouseReleased", button="left", buttons=1, clickCount=1, force=0.0, **pointer)
-        self._page().call_all(*(("Input.dispatchMouseEvent", event) for event in (moved, pressed, released)))
+        events = (_moved(pointer), pressed, released)
+        self._page().call_all(*(("Input.dispatchMouseEvent", event) for event in events))
+
+    def _move_pointer(self, x: float, y: float) -> None:
+        self._page().call("Input.dispatchMouseEvent", **_moved(_pointer(x, y)))
 
     def _read_page(self, script: str) -> Any:
         return self._page().evaluate(script)
@@ -451,6 +461,16 @@ class GuiEnv:
             dom=None if done else info.get("root_dom"),
             step=self._step,
         )
+
+
+def _pointer(x: float, y: float) -> dict[str, Any]:
+    """The pointer fields of chromedriver's mouse events (coordinates truncated as it does)."""
+    return {"x": int(x), "y": int(y), "modifiers": 0, "pointerType": "mouse", "tangentialPressure": 0.0, "tiltX": 0,
+            "tiltY": 0, "twist": 0}  # fmt: skip
+
+
+def _moved(pointer: dict[str, Any]) -> dict[str, Any]:
+    return dict(type="mouseMoved", button="none", buttons=0, clickCount=0, force=0.0, **pointer)
 
 
 def _dom(page: dict[str, Any]) -> DOMElement | None:

@@ -59,7 +59,8 @@ def evaluate(
     have (it is not closed then). With `browsers` > 1 each browser runs in its own thread and takes the next
     (task, seed) as it frees up; `more_policies` makes each extra browser its own task -> Policy (a model
     session is not shared between threads). An episode's outcome depends on its task and seed, not on the
-    browser that ran it, so the report is the same for any number of browsers.
+    browser that ran it or the episode before (the pointer rests outside the task area at every start):
+    tests/test_env_paths.py compares 1 and 2 browsers.
     """
     names = [task_name(t) for t in tasks]
     if not names:
