@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -43,7 +43,7 @@ def summarise(results: list[EpisodeResult]) -> dict[str, float | int | dict[str,
 def evaluate(
     policy_for_task: Callable[[str], Policy],
     tasks: Iterable[str],
-    episodes: int,
+    episodes: int | Mapping[str, int],
     seed: int = 0,
     progress: Progress | None = None,
     max_steps: int = 10,
@@ -52,7 +52,8 @@ def evaluate(
     browsers: int = 1,
     more_policies: Callable[[], Callable[[str], Policy]] | None = None,
 ) -> dict:
-    """Success per task over `episodes` seeded episodes each, and the unweighted mean over tasks.
+    """Success per task over `episodes` seeded episodes each (or `episodes[task]`), and the unweighted mean over
+    tasks.
 
     Returns {"model_version", "tasks": {task: {"episodes", "success_rate", "mean_steps", ..., "termination_by_seed"}},
     "mean_success_rate", "browsers", "wall_s", "episodes_per_s"}. Pass `env` to reuse a browser you already
@@ -67,9 +68,11 @@ def evaluate(
         raise ValueError("no tasks to evaluate")
     if browsers < 1 or (browsers > 1 and (more_policies is None or env is not None)):
         raise ValueError("browsers > 1 needs more_policies (one task -> Policy per browser) and no shared env")
+    by_name = {task_name(t): n for t, n in episodes.items()} if isinstance(episodes, Mapping) else {}
+    count = {task: by_name[task] if by_name else episodes for task in names}
     work = queue.SimpleQueue()
     for task in names:
-        for i in range(episodes):
+        for i in range(count[task]):
             work.put((task, i))
     results: dict[tuple[str, int], EpisodeResult] = {}
     versions: list[str] = []
@@ -102,7 +105,7 @@ def evaluate(
     wall_s = time.perf_counter() - started
     per_task = {}
     for task in names:
-        in_seed_order = [results[task, i] for i in range(episodes)]
+        in_seed_order = [results[task, i] for i in range(count[task])]
         # Each seed's ending, for paired comparisons (two models or two paths on the same seeds).
         per_task[task] = summarise(in_seed_order) | {"termination_by_seed": [r.termination for r in in_seed_order]}
     rates = [s["success_rate"] for s in per_task.values()]

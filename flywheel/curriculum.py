@@ -1,43 +1,54 @@
-"""`flywheel experiment curriculum`: the curriculum's arms at the same budget, seeded, side by side.
+"""`flywheel experiment curriculum`: the curriculum's arms at the same budget, seeded, paired, side by side.
 
-    shared:  expert demonstrations -> SFT (the demo recipe) -> a logged fleet: the SFT model's sampled
-             rollouts on training seeds, R per seed (successes and failures: the offline stage's data,
-             recorded when an arm with an offline stage first runs)
-    per arm: its stages after SFT, in rounds, until its budget (wall minutes of training and rollouts,
-             evaluation excluded) is spent; evaluated greedily on held-out seeds at `curve_points` points
+    shared:  expert demonstrations on every task -> one SFT (the demo recipe) -> the RL set, chosen by a rule
+             (the tasks whose SFT greedy success on selection seeds lies in [rl_set_low, rl_set_high], at most
+             rl_set_size, the nearest to 0.5) -> a logged fleet: the SFT model's sampled rollouts on the RL
+             set, `repeats` per seed (recorded when an arm with an offline stage first runs)
+    per arm: its stages after SFT (learner.stages, the dispatcher the learner daemon uses too), in rounds,
+             until its budget (wall minutes of training and rollouts, evaluation excluded) is spent;
+             evaluated greedily at `curve_points` points, every arm on the same held-out seeds
 
     arm                 after the shared SFT, within the budget
-    sft                 more SFT on the demonstrations
+    sft                 more SFT on the demonstrations (every task's)
     sft_offline         offline RL (AWR + DPO) on demonstrations + the logged fleet
-    sft_offline_ppo     offline RL for offline_share of the budget, then online PPO (GRPO groups), no guidance
-    sft_offline_refkl   ... then online PPO + beta * KL(pi || pi_SFT)
+    sft_offline_ppo     offline RL for offline_share of the budget, then online PPO, no guidance
+    sft_offline_refkl   ... then online PPO + beta * KL(pi || pi_SFT), beta annealed over environment steps
     sft_offline_databc  ... then online PPO + beta * demo NLL
     sft_ppo             online PPO from SFT, no offline stage, no guidance
-    offline_only        offline RL from a fresh model (no SFT), the same data, SFT's steps + the budget
-    sft_semi_online     semi-online RL (learner.semi_online) on the demonstrations: no environment steps
-    sft_semi_online_views  ... each trajectory's rollouts on one random view of it (SEMI_ONLINE_VIEWS)
+    sft_semi_online     semi-online RL (learner.semi_online) on the RL set's demonstrations: no environment step
+    offline_only, sft_semi_online_views: optional (not in the default set)
 
-Every post-SFT stage uses the same learning rate (rl_lr) and optimizer steps per round. Rollouts run in
-a local browser through the fleet's own loop (edge_client.episode) and become the rows the pipeline would
-write (processors.rows, processors.scoring): this measures the learning; `flywheel demo --minutes`
-measures the pipeline around it. env_steps counts every environment step an arm's data cost: the
-demonstrations, the logged fleet when it reads it, its own online rollouts.
+An online round (the signal per environment step): groups of `repeats` rollouts of one (task, seed) on the
+RL set, the task drawn with a weight that falls when its recent groups were all-success or all-failure
+(learner.online_rl.task_weights), until `groups_per_round` informative groups are in (or
+`max_groups_per_round` were tried); then one PPO update over the informative groups of the last
+`replay_rounds` rounds (a replay whose version lag is bounded by it), per-step credit within each group.
 
-Resumes: the shared parts are kept in OUT/shared/, each arm's counters and curve in OUT/<arm>/state.json
-(its stages resume from their checkpoints). Writes OUT/curriculum.json and OUT/curriculum.png.
+Evaluation: every RL-set task on the same `eval_episodes` held-out seeds (1,000,000+) for every arm and
+point, the Tier 1 tasks on their first `tier1_episodes`; the RL-set mean with a 95 % bootstrap CI, and each
+arm's paired difference to `sft` (core.stats). Rollouts run in one local browser through the fleet's own
+loop (edge_client.episode) and become the rows the pipeline would write (processors.rows, processors.scoring).
+env_steps counts every environment step an arm's data cost: the demonstrations, the logged fleet when it
+reads it, its own online rollouts.
+
+Resumes: the shared parts are kept in OUT/shared/, each arm's counters, curve and replay in OUT/<arm>/
+(its stages resume from their checkpoints). Writes OUT/curriculum.json, OUT/curriculum.png and, per arm,
+OUT/<arm>/final.vla (the last checkpoint's bundle, to evaluate later on other tasks).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from core.console import say
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
+from core.stats import mean_ci, paired_diff_ci
 
 ARMS: dict[str, tuple[str, ...]] = {
     "sft": ("sft", "sft"),
@@ -50,42 +61,61 @@ ARMS: dict[str, tuple[str, ...]] = {
     "sft_semi_online": ("sft", "semi_online"),
     "sft_semi_online_views": ("sft", "semi_online:views"),
 }
-# The semi-online views (learner.semi_online): the training views of the vision experiment's augmented arm.
-SEMI_ONLINE_VIEWS = {"view_shift_px": 6, "view_scale": 0.05, "view_colour": 0.1}
-LOG_SEED, ROUND_SEED = 500_000, 600_000  # training seeds of the logged fleet and online rounds (eval: 1,000,000+)
+DEFAULT_ARMS = ("sft", "sft_offline", "sft_ppo", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
+                "sft_semi_online")  # fmt: skip
+# Seed ranges: demonstrations 0.., the logged fleet, online rounds, RL-set selection; evaluation 1,000,000+.
+LOG_SEED, ROUND_SEED, SELECTION_SEED = 500_000, 600_000, 900_000
 COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y",
            "text", "key", "tokens", "token_logprobs", "seed", "model_version", "purpose", "weight", "score",
-           "success", "target_box"]  # fmt: skip
+           "success", "target_box", "verify_ok"]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class CurriculumConfig:
     out: Path = Path("runs/curriculum")
     """Everything of the run: shared data and SFT, each arm, curriculum.json and .png."""
-    budget_minutes: float = 20.0
+    budget_minutes: float = 30.0
     """Per arm: wall minutes of its post-SFT training and rollouts (evaluation excluded)."""
     tasks: tuple[str, ...] = SUITE_TASKS
-    """Trained on and evaluated; tier means over the Tier 1 / Tier 2 tasks among them."""
-    episodes: int = 50
-    """Evaluation episodes per task at each curve point (held-out seeds, greedy)."""
+    """Demonstrated and SFT-trained; the RL set is chosen among them."""
+    rl_tasks: str = ""
+    """Comma-separated RL set instead of the rule (recorded as given); empty: chosen by the rule."""
+    rl_set_size: int = 8
+    """The rule: at most this many tasks, the nearest to 0.5 ..."""
+    rl_set_low: float = 0.1
+    """... of those whose shared-SFT greedy success on the selection seeds is at least this ..."""
+    rl_set_high: float = 0.9
+    """... and at most this."""
+    selection_episodes: int = 50
+    """Selection seeds per task (900,000..; never evaluation seeds)."""
+    eval_episodes: int = 100
+    """Evaluation episodes per RL-set task at each curve point (held-out seeds 1,000,000.., greedy, every arm)."""
+    tier1_episodes: int = 50
+    """Evaluation episodes per Tier 1 task (forgetting; the first of the same seeds)."""
     eval_browsers: int = 1
     """Browsers each evaluation runs in parallel (the figures do not depend on it)."""
-    curve_points: int = 3
+    curve_points: int = 4
     """Evaluations along each arm's budget (the last at its end); the shared SFT is the curve's start."""
-    arms: str = ""
-    """Comma-separated arms to run (empty: all)."""
+    arms: str = ",".join(DEFAULT_ARMS)
+    """Comma-separated arms to run, in order ('all': every arm, optional ones included)."""
+    shared_only: bool = False
+    """Prepare the shared part (demonstrations, SFT, RL set, its start evaluation) and stop."""
     recipe: str = "demo"
     """VLA recipe of the SFT stage (learner.config.VLARecipe)."""
     demos_per_task: int = 20
     """Expert demonstrations per task (seeds 0..n-1)."""
-    sft_steps: int = 800
+    sft_steps: int = 1200
     """Optimizer steps of the shared SFT."""
-    log_seeds: int = 4
-    """Seeds per task of the logged fleet (the SFT model, sampled) ..."""
-    repeats: int = 4
-    """... and rollouts per seed, there and in each online round (a GRPO group)."""
-    round_seeds: int = 1
-    """Seeds per task in an online round."""
+    log_seeds: int = 8
+    """Seeds per RL-set task of the logged fleet (the SFT model, sampled; `repeats` rollouts each)."""
+    repeats: int = 8
+    """Rollouts per (task, seed): a group, there and in each online round."""
+    groups_per_round: int = 4
+    """An online round collects until this many informative groups (rollouts that did not all end alike) ..."""
+    max_groups_per_round: int = 12
+    """... or this many groups were tried."""
+    replay_rounds: int = 2
+    """An update trains on the informative groups of the last this many rounds (bounded version lag)."""
     update_steps: int = 50
     """Optimizer steps per round of an SFT or offline RL stage (each round reloads its data: not too few)."""
     temperature: float = 1.0
@@ -97,11 +127,11 @@ class CurriculumConfig:
     offline_share: float = 0.3
     """Share of an arm's budget its offline stage gets when an online stage follows."""
     semi_online_trajectories: int = 16
-    """Expert trajectories per semi-online round (cycling through the demonstrations), 8 rollouts each."""
+    """Informative expert trajectories per semi-online round (refilled from the next ones while groups are flat)."""
     max_steps: int = 10
     """An episode still running after this many steps fails."""
     seed: int = 0
-    """Seed of the rollouts' sampling and of the semi-online batches."""
+    """Seed of the rollouts' sampling, the task draws and the semi-online batches."""
 
 
 @dataclass
@@ -112,17 +142,27 @@ class ArmState:
     spent_s: float = 0.0
     cpu_s: float = 0.0
     own_env_steps: int = 0
+    rollout_s: float = 0.0
+    learner_samples: int = 0
+    learner_s: float = 0.0
     checkpoint: str = ""
     stage: str = ""
-    curve: list[dict] | None = None
+    curve: list[dict] = field(default_factory=list)
+    groups: dict[str, list[bool]] = field(default_factory=dict)  # per RL-set task: was each group informative
+    next_seed: dict[str, int] = field(default_factory=dict)  # per task: the next online seed's offset
+    replay: list[str] = field(default_factory=list)  # the last rounds' informative groups (parquet files)
+    semi_cursor: int = 0  # the next expert trajectory a semi-online round starts from
+    diagnostics: list[dict] = field(default_factory=list)  # one per round
 
     @classmethod
     def load(cls, path: Path) -> ArmState:
-        return cls(**json.loads(path.read_text())) if path.exists() else cls(curve=[])
+        return cls(**json.loads(path.read_text())) if path.exists() else cls()
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
 
 
 def tier_means(per_task: dict[str, float]) -> tuple[float | None, float | None]:
@@ -133,6 +173,14 @@ def tier_means(per_task: dict[str, float]) -> tuple[float | None, float | None]:
         rates = [short[t] for t in tier if t in short]
         means.append(round(sum(rates) / len(rates), 4) if rates else None)
     return means[0], means[1]
+
+
+def choose_rl_set(rates: dict[str, float], low: float, high: float, size: int) -> list[str]:
+    """The RL set's rule: the tasks whose rate lies in [low, high], at most `size`, the nearest to 0.5 (ties by
+    name), in the order given."""
+    inside = [t for t, r in rates.items() if low <= r <= high]
+    chosen = set(sorted(inside, key=lambda t: (abs(rates[t] - 0.5), t))[:size])
+    return [t for t in rates if t in chosen]
 
 
 def stage_at(stages: tuple[str, ...], spent: float, budget: float, offline_share: float) -> str:
@@ -162,7 +210,8 @@ def episode_rows(result, episode_id: str, version: str) -> list[dict]:
 def to_frame(rows: list[dict]) -> pl.DataFrame:
     from learner.data import ROLLOUT_TYPES
 
-    types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32)}
+    types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32), "verify_ok": pl.Boolean, "x": pl.Float64,
+                             "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64}  # fmt: skip
     return pl.DataFrame(rows, schema_overrides=types, infer_schema_length=None).select(COLUMNS)
 
 
@@ -180,15 +229,26 @@ def run_episodes(env, policy_for, tasks, seeds, repeats: int, version: str, tag:
     return to_frame(rows), env_steps
 
 
+def sampling_policy(model, tok, pruning, version: str, bundle: Path, temperature: float, top_k: int, seed: int):
+    """The model exported to `bundle` and run by onnxruntime as at the edge, sampling."""
+    from learner.vla_export import export_bundle
+    from policy.runtime import VLAPolicy
+    from policy.sampling import Sampling
+
+    export_bundle(model, tok, pruning, bundle)
+    return VLAPolicy(bundle, version, sampling=Sampling(temperature, top_k, seed=seed))
+
+
 class Shared:
-    """The demonstrations, the SFT model and the logged fleet every arm starts from (OUT/shared/)."""
+    """The demonstrations, the SFT model, the RL set and the logged fleet every arm starts from (OUT/shared/)."""
 
     def __init__(self, config: CurriculumConfig, env):
         from edge_client.experts import expert_for
+        from flywheel.experiment import evaluate_model
         from learner.config import VLARecipe
         from learner.vla_sft import train_vla
 
-        self.config, self.dir = config, config.out / "shared"
+        self.config, self.dir, self.env = config, config.out / "shared", env
         self.dir.mkdir(parents=True, exist_ok=True)
         self.recipe = VLARecipe.load(config.recipe, progress_bar=False)
         meta_path = self.dir / "meta.json"
@@ -198,45 +258,68 @@ class Shared:
             demos, meta["demo_env_steps"] = run_episodes(env, expert_for, config.tasks, range(config.demos_per_task),
                                                          1, "expert", "demo", config.max_steps)  # fmt: skip
             demos.write_parquet(self.dir / "demos.parquet")
-        self.demos = pl.read_parquet(self.dir / "demos.parquet")
-        sft_dir = self.dir / "sft"
+            meta["demo_episodes"] = demos["episode_id"].n_unique()
+            meta["demo_successes"] = demos.filter(pl.col("success"))["episode_id"].n_unique()
+            meta_path.write_text(json.dumps(meta, indent=2))
+        # Every arm imitates the successful demonstrations only (a failed one is no demonstration).
+        self.demos = pl.read_parquet(self.dir / "demos.parquet").filter(pl.col("success"))
         started, cpu = time.perf_counter(), time.process_time()
-        sft = train_vla(self.demos, replace(self.recipe.train, steps=config.sft_steps), sft_dir,
-                        model_config=self.recipe.model, pruning=self.recipe.pruning,
-                        vocab_size=self.recipe.vocab_size)  # fmt: skip
+        self.sft = train_vla(self.demos, replace(self.recipe.train, steps=config.sft_steps), self.dir / "sft",
+                             model_config=self.recipe.model, pruning=self.recipe.pruning,
+                             vocab_size=self.recipe.vocab_size)  # fmt: skip
         meta.setdefault("sft_wall_s", round(time.perf_counter() - started, 1))
         meta.setdefault("sft_cpu_s", round(time.process_time() - cpu, 1))
-        self.sft_checkpoint = sft.checkpoint_path
-        self.sft, self.env = sft, env
+        meta.setdefault("sft_steps", config.sft_steps)
+        self.sft_checkpoint = str(self.sft.checkpoint_path)
+        if "rl_set" not in meta:
+            meta["rl_set"] = self._choose_rl_set(evaluate_model)
+        self.rl_set: list[str] = meta["rl_set"]["tasks"]
         meta_path.write_text(json.dumps(meta, indent=2))
         self.meta, self._logged = meta, None
 
+    def _choose_rl_set(self, evaluate_model) -> dict:
+        config = self.config
+        seeds = [SELECTION_SEED, SELECTION_SEED + config.selection_episodes - 1]
+        if config.rl_tasks:
+            tasks, rule, rates = [t for t in config.rl_tasks.split(",") if t], "given (--rl-tasks)", {}
+        else:
+            meta = {"arm": "shared-sft", "step": "selection", "parameters": self.sft.model.num_parameters()}
+            say(f"RL set: the shared SFT on {config.selection_episodes} selection seeds per task")
+            sft = self.sft
+            entry = evaluate_model(sft.model, sft.tokenizer, sft.pruning, meta, config.tasks, config.selection_episodes,
+                                   self.dir, config.eval_browsers, seed=SELECTION_SEED)  # fmt: skip
+            rates = entry["tasks"]
+            tasks = choose_rl_set(rates, config.rl_set_low, config.rl_set_high, config.rl_set_size)
+            rule = (f"the tasks whose shared-SFT greedy success on {config.selection_episodes} selection seeds lies "
+                    f"in [{config.rl_set_low}, {config.rl_set_high}]; at most {config.rl_set_size}, the nearest "
+                    "to 0.5")  # fmt: skip
+        if not tasks:
+            raise ValueError(f"no task qualifies for the RL set ({rule}): {rates}")
+        say(f"RL set: {', '.join(tasks)}")
+        return {"tasks": tasks, "rule": rule, "selection_success": rates, "selection_seeds": seeds,
+                "eval_seeds": [EVAL_SEED_FIRST, EVAL_SEED_FIRST + config.eval_episodes - 1]}  # fmt: skip
+
+    @property
+    def trajectories(self) -> pl.DataFrame:
+        """The RL set's demonstrations: semi-online RL's expert trajectories."""
+        return self.demos.filter(pl.col("task").is_in(self.rl_set))
+
     @property
     def logged(self) -> pl.DataFrame:
-        """Demonstrations + the logged fleet (recorded on first use: only the offline stages read it)."""
+        """Demonstrations + the logged fleet on the RL set (recorded on first use: only offline stages read it)."""
         if self._logged is None:
             if not (self.dir / "logged.parquet").exists():
                 config, sft = self.config, self.sft
                 say(f"logged fleet: the SFT model, {config.log_seeds} seeds x {config.repeats} rollouts per task")
-                seeds = range(LOG_SEED, LOG_SEED + config.log_seeds)
-                logged, self.meta["log_env_steps"] = self.rollouts(self.env, sft.model, sft.tokenizer, sft.pruning,
-                                                                   seeds, "sft", self.dir / "log.vla")  # fmt: skip
+                policy = sampling_policy(sft.model, sft.tokenizer, sft.pruning, "sft", self.dir / "log.vla",
+                                         config.temperature, config.top_k, config.seed)  # fmt: skip
+                logged, self.meta["log_env_steps"] = run_episodes(
+                    self.env, lambda _task: policy, self.rl_set, range(LOG_SEED, LOG_SEED + config.log_seeds),
+                    config.repeats, "sft", "log", config.max_steps)  # fmt: skip
                 logged.write_parquet(self.dir / "logged.parquet")
                 (self.dir / "meta.json").write_text(json.dumps(self.meta, indent=2))
-            self._logged = pl.concat([self.demos, pl.read_parquet(self.dir / "logged.parquet")])
+            self._logged = pl.concat([self.demos, pl.read_parquet(self.dir / "logged.parquet")], how="vertical_relaxed")
         return self._logged
-
-    def rollouts(self, env, model, tok, pruning, seeds, version: str, bundle: Path):
-        """Sampled rollouts of a model on every task: exported to `bundle`, run by onnxruntime as at the edge."""
-        from learner.vla_export import export_bundle
-        from policy.runtime import VLAPolicy
-        from policy.sampling import Sampling
-
-        export_bundle(model, tok, pruning, bundle)
-        policy = VLAPolicy(bundle, version, sampling=Sampling(self.config.temperature, self.config.top_k,
-                                                              seed=self.config.seed))  # fmt: skip
-        return run_episodes(env, lambda _task: policy, self.config.tasks, seeds, self.config.repeats, version,
-                            bundle.stem, self.config.max_steps)  # fmt: skip
 
     def env_steps(self, stages: tuple[str, ...]) -> int:
         """Environment steps of the shared data an arm reads: the demos, and the logged fleet for offline RL."""
@@ -245,54 +328,137 @@ class Shared:
         self.logged  # noqa: B018  (recorded on first use, and its env steps with it)
         return self.meta["demo_env_steps"] + self.meta["log_env_steps"]
 
+    def start_point(self) -> dict:
+        """The shared SFT evaluated once on the evaluation seeds (OUT/shared/eval-0.json): every SFT arm's curve
+        starts there."""
+        from flywheel.experiment import evaluate_model
+
+        path = self.dir / "eval-0.json"
+        if path.exists():
+            entry = json.loads(path.read_text())
+        else:
+            meta = {"arm": "shared-sft", "step": 0, "parameters": self.sft.model.num_parameters()}
+            entry = evaluate_model(self.sft.model, self.sft.tokenizer, self.sft.pruning, meta,
+                                   tuple(self.eval_episodes()), self.eval_episodes(), self.dir,
+                                   self.config.eval_browsers)  # fmt: skip
+        return {"env_steps": self.meta["demo_env_steps"], "spent_s": 0.0, "stage": "sft",
+                **point_summary(entry, self.rl_set, self.config.tier1_episodes)}  # fmt: skip
+
+    def eval_episodes(self) -> dict[str, int]:
+        """Per evaluated task: the RL set at eval_episodes, the other Tier 1 tasks at tier1_episodes."""
+        config = self.config
+        tier1 = [t for t in TIER1_TASKS if t in config.tasks and t not in self.rl_set]
+        return {t: config.eval_episodes for t in self.rl_set} | {t: config.tier1_episodes for t in tier1}
+
+
+EVAL_SEED_FIRST = 1_000_000  # flywheel.experiment.EVAL_SEED, without importing it at module load
+
+
+def point_summary(entry: dict, rl_set: list[str], tier1_episodes: int) -> dict:
+    """An evaluation's figures: the RL-set mean and its 95 % CI, the Tier 1 mean (first tier1_episodes seeds)."""
+    by_seed = entry["success_by_seed"]
+    mean, lo, hi = mean_ci({t: by_seed[t] for t in rl_set})
+    tier1 = [float(np.mean(by_seed[t][:tier1_episodes])) for t in TIER1_TASKS if t in by_seed]
+    return {"rl_set_mean": round(mean, 4), "rl_set_ci": [round(lo, 4), round(hi, 4)],
+            "tier1_mean": round(float(np.mean(tier1)), 4) if tier1 else None,
+            "per_task": {t: round(float(np.mean(v)), 4) for t, v in by_seed.items()}}  # fmt: skip
+
 
 def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out: Path, origin: str):
-    """One round of `stage`: update_steps optimizer steps (SFT, offline RL) or a batch of fresh rollouts and
-    one PPO update (online RL). `origin`: the arm's model before its budget (the shared SFT, or offline_only's
-    fresh model), the offline stage's reference. Returns (VLAResult, env steps it took)."""
-    from learner.offline_rl import OfflineRLConfig, train_offline_rl
-    from learner.online_rl import OnlineRLConfig, ppo_update
-    from learner.semi_online import SemiOnlineConfig, semi_online_update
-    from learner.vla_sft import load_vla, train_vla
+    """One round of `stage` through the learner's stage dispatcher: update_steps optimizer steps (SFT, offline
+    RL), one semi-online update, or an online round (its rollouts collected here, then one PPO update).
+    `origin`: the arm's model before its budget (the shared SFT, or offline_only's fresh model). Returns
+    (VLAResult, env steps it took, rollout seconds)."""
+    from learner.stages import StageData, StageRun, run_stage
+    from learner.vla_sft import load_vla
 
     config = shared.config
     # A long schedule sliced by stop_at: past its warm-up the learning rate stays ~rl_lr for the whole budget.
     train = replace(shared.recipe.train, lr=config.rl_lr, steps=100_000, warmup_steps=10, checkpoint_every=0)
-    stop_at = (state.rounds + 1) * config.update_steps
     start = state.checkpoint or origin
-    if stage == "sft":
-        return train_vla(shared.demos, train, out / "sft", init_checkpoint=start, stop_at=stop_at), 0
-    if stage == "offline_rl":
-        return train_offline_rl(shared.logged, train, OfflineRLConfig(), origin, out / "offline", stop_at=stop_at), 0
-    if stage.startswith("semi_online"):
-        episodes = shared.demos["episode_id"].unique(maintain_order=True).to_list()
-        take = [episodes[(state.rounds * config.semi_online_trajectories + i) % len(episodes)]
-                for i in range(config.semi_online_trajectories)]  # fmt: skip
-        batch = shared.demos.filter(pl.col("episode_id").is_in(take))
-        views = SEMI_ONLINE_VIEWS if stage.endswith(":views") else {}
-        semi = SemiOnlineConfig(temperature=config.temperature, top_k=config.top_k, **views)
-        result, _ = semi_online_update(batch, train, semi, start, shared.sft_checkpoint, out / "semi_online",
-                                       seed=config.seed + state.rounds)  # fmt: skip
-        return result, 0  # expert trajectories only: no environment step
-    # Online: the current model's rollouts on this round's seeds (the same seeds for every online arm).
-    first = ROUND_SEED + state.rounds * config.round_seeds
-    rollouts, env_steps = shared.rollouts(env, *load_vla(start), range(first, first + config.round_seeds),
-                                          f"{arm}-r{state.rounds}", out / "round.vla")  # fmt: skip
+    kind = stage.split(":")[0]
+    run = StageRun(stage, train, out / {"sft": "sft", "offline_rl": "offline", "online_rl": "online",
+                                        "semi_online": "semi_online"}[kind], start=start,
+                   reference=origin if kind == "offline_rl" else shared.sft_checkpoint,
+                   stop_at=(state.rounds + 1) * config.update_steps, env_steps=state.own_env_steps,
+                   seed=config.seed + state.rounds)  # fmt: skip
+    if kind == "sft":
+        return run_stage(run, StageData(demos=shared.demos)), 0, 0.0
+    if kind == "offline_rl":
+        return run_stage(run, StageData(logged=shared.logged)), 0, 0.0
+    if kind == "semi_online":
+        data = StageData(trajectories=shared.trajectories, cursor=state.semi_cursor)
+        result = run_stage(run, data, semi=semi_online_config(config, stage))
+        state.semi_cursor = int(result.diagnostics["cursor"])
+        return result, 0, 0.0  # expert trajectories only: no environment step
+    t0 = time.perf_counter()
+    rollouts, env_steps = collect_online_round(arm, state, shared, env, out, *load_vla(start))
+    rollout_s = time.perf_counter() - t0
     guidance = stage.split(":")[1]
-    result = ppo_update(rollouts, train, OnlineRLConfig(guidance=guidance), start, shared.sft_checkpoint,
-                        out / "online", shared.demos if guidance == "databc" else None)  # fmt: skip
-    return result, env_steps
+    data = StageData(rollouts=rollouts, demos=shared.demos if guidance == "databc" else None)
+    return run_stage(run, data), env_steps, rollout_s
+
+
+def semi_online_config(config: CurriculumConfig, stage: str):
+    from learner.semi_online import SemiOnlineConfig
+
+    views = SEMI_ONLINE_VIEWS if stage.endswith(":views") else {}
+    return SemiOnlineConfig(temperature=config.temperature, top_k=config.top_k,
+                            trajectories=config.semi_online_trajectories, **views)  # fmt: skip
+
+
+# The semi-online views (learner.semi_online): the training views of the vision experiment's augmented arm.
+SEMI_ONLINE_VIEWS = {"view_shift_px": 6, "view_scale": 0.05, "view_colour": 0.1}
+
+
+def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Path, model, tok, pruning):
+    """An online round's data: groups of `repeats` rollouts of one (task, seed) on the RL set, each task drawn
+    by its weight (fewer for tasks whose recent groups all ended alike), until groups_per_round informative
+    groups or max_groups_per_round tried. The informative ones are kept for replay_rounds rounds; returns
+    (the replay's rows, env steps taken)."""
+    from learner.online_rl import task_weights
+
+    config = shared.config
+    version = f"{arm}-r{state.rounds}"
+    policy = sampling_policy(model, tok, pruning, version, out / "round.vla", config.temperature, config.top_k,
+                             config.seed + state.rounds)  # fmt: skip
+    rng = np.random.default_rng([config.seed, state.rounds])
+    kept, tried, env_steps = [], 0, 0
+    while len(kept) < config.groups_per_round and tried < config.max_groups_per_round:
+        weights = task_weights({t: state.groups.get(t, []) for t in shared.rl_set})
+        task = shared.rl_set[int(rng.choice(len(weights), p=weights / weights.sum()))]
+        offset = state.next_seed.get(task, 0)
+        state.next_seed[task] = offset + 1
+        rows, steps = run_episodes(env, lambda _task: policy, [task], [ROUND_SEED + offset], config.repeats, version,
+                                   version, config.max_steps)  # fmt: skip
+        env_steps, tried = env_steps + steps, tried + 1
+        informative = rows["success"].n_unique() > 1
+        state.groups.setdefault(task, []).append(informative)
+        if informative:
+            kept.append(rows)
+    replay = state.replay[-(config.replay_rounds - 1) :] if config.replay_rounds > 1 else []
+    if kept:
+        path = out / "rounds" / f"round-{state.rounds}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pl.concat(kept).write_parquet(path)
+        replay.append(str(path))
+    # The replay holds the informative groups of the last replay_rounds rounds that had any.
+    state.replay = replay
+    say(f"arm {arm} round {state.rounds}: {len(kept)} informative of {tried} groups, {env_steps} env steps")
+    frames = [pl.read_parquet(p) for p in state.replay]
+    return (pl.concat(frames) if frames else None), env_steps
 
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
     from flywheel.experiment import evaluate_model
+    from learner.vla_export import export_bundle
     from learner.vla_sft import load_vla, train_vla
 
     config, stages, out = shared.config, ARMS[arm], shared.config.out / arm
     state_path = out / "state.json"
     state = ArmState.load(state_path)
     budget = 60 * config.budget_minutes
-    origin = str(shared.sft_checkpoint)
+    origin = shared.sft_checkpoint
     if arm == "offline_only":
         # No SFT: a fresh model (the recipe's, its tokenizer trained on the same demonstrations); the offline
         # stage gets the time SFT took on top of the budget.
@@ -305,49 +471,81 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
     shared_env_steps = shared.env_steps(stages)
 
     def evaluate(model, tok, pruning, label: int) -> dict:
-        # The shared SFT (every SFT arm's start) is evaluated once, in OUT/shared/eval-0.json.
-        where = shared.dir if label == 0 and origin == str(shared.sft_checkpoint) else out
-        if (where / f"eval-{label}.json").exists() and where == shared.dir:
-            entry = json.loads((where / f"eval-{label}.json").read_text())
-        else:
-            meta = {"arm": arm, "step": label, "fraction": 1.0, "group": arm, "demo_episodes": 0, "demo_steps": 0,
-                    "train_wall_s": state.spent_s, "train_cpu_s": state.cpu_s,
-                    "parameters": model.num_parameters()}  # fmt: skip
-            entry = evaluate_model(
-                model, tok, pruning, meta, config.tasks, config.episodes, where, config.eval_browsers
-            )
-        tier1, tier2 = tier_means(entry["tasks"])
+        meta, episodes = {"arm": arm, "step": label, "parameters": model.num_parameters()}, shared.eval_episodes()
+        entry = evaluate_model(model, tok, pruning, meta, tuple(episodes), episodes, out, config.eval_browsers)
         return {"env_steps": shared_env_steps + state.own_env_steps, "spent_s": round(state.spent_s, 1),
-                "stage": state.stage, "tier1_mean": tier1, "tier2_mean": tier2, "per_task": entry["tasks"]}  # fmt: skip
+                "stage": state.stage, **point_summary(entry, shared.rl_set, config.tier1_episodes)}  # fmt: skip
 
     if not state.curve:
-        state.curve = [evaluate(*load_vla(origin), 0)]
+        state.curve = [shared.start_point() if origin == shared.sft_checkpoint else evaluate(*load_vla(origin), 0)]
+        state.curve[0] = state.curve[0] | {"env_steps": shared_env_steps}
         state.save(state_path)
     while len(state.curve) - 1 < config.curve_points:
         stage = stage_at(stages, state.spent_s, budget, config.offline_share)
         t0, c0 = time.perf_counter(), time.process_time()
-        result, env_steps = train_round(arm, stage, state, shared, env, out, origin)
+        result, env_steps, rollout_s = train_round(arm, stage, state, shared, env, out, origin)
         state.spent_s += time.perf_counter() - t0
         state.cpu_s += time.process_time() - c0
         state.rounds, state.own_env_steps, state.stage = state.rounds + 1, state.own_env_steps + env_steps, stage
+        state.rollout_s += rollout_s
+        state.learner_samples += len(result.losses) * shared.recipe.train.batch_size
+        state.learner_s += result.wall_s
+        state.diagnostics.append({"round": state.rounds, "stage": stage, "env_steps": state.own_env_steps,
+                                  **result.diagnostics})  # fmt: skip
         state.checkpoint = str(result.checkpoint_path)
         if state.spent_s >= points[len(state.curve) - 1]:
             state.curve.append(evaluate(result.model, result.tokenizer, result.pruning, len(state.curve)))
             say(f"arm {arm}: {state.spent_s:.0f} s ({state.stage}), env steps {state.curve[-1]['env_steps']}, "
-                f"tier1 {state.curve[-1]['tier1_mean']}, tier2 {state.curve[-1]['tier2_mean']}")  # fmt: skip
+                f"RL set {state.curve[-1]['rl_set_mean']} {state.curve[-1]['rl_set_ci']}, "
+                f"tier1 {state.curve[-1]['tier1_mean']}")  # fmt: skip
+            if len(state.curve) - 1 == config.curve_points:
+                export_bundle(result.model, result.tokenizer, result.pruning, out / "final.vla")
         state.save(state_path)
+    return arm_summary(arm, stages, state)
+
+
+def arm_summary(arm: str, stages: tuple[str, ...], state: ArmState) -> dict:
     last = state.curve[-1]
-    return {"stages": list(stages), "env_steps": last["env_steps"], "cpu_s": round(state.cpu_s, 1),
-            "wall_s": round(state.spent_s, 1), "rounds": state.rounds, "tier1_mean": last["tier1_mean"],
-            "tier2_mean": last["tier2_mean"], "per_task": last["per_task"],
-            "curve": [{k: p[k] for k in ("env_steps", "spent_s", "stage", "tier1_mean", "tier2_mean")}
-                      for p in state.curve]}  # fmt: skip
+    own_env_steps_per_s = state.own_env_steps / state.rollout_s if state.rollout_s else None
+    return {"stages": list(stages), "env_steps": last["env_steps"], "own_env_steps": state.own_env_steps,
+            "cpu_s": round(state.cpu_s, 1), "wall_s": round(state.spent_s, 1), "rounds": state.rounds,
+            "rl_set_mean": last["rl_set_mean"], "rl_set_ci": last["rl_set_ci"], "tier1_mean": last["tier1_mean"],
+            "per_task": last["per_task"],
+            "learner_samples_per_s": round(state.learner_samples / state.learner_s, 2) if state.learner_s else None,
+            "env_steps_per_s": round(own_env_steps_per_s, 2) if own_env_steps_per_s else None,
+            "curve": [{k: p[k] for k in ("env_steps", "spent_s", "stage", "rl_set_mean", "rl_set_ci", "tier1_mean")}
+                      for p in state.curve],
+            "diagnostics": state.diagnostics}  # fmt: skip
+
+
+def final_success_by_seed(report: dict, arm: str, out: Path) -> dict | None:
+    """An arm's last evaluation, each task's success by seed (None: not evaluated yet)."""
+    entry = report["arms"].get(arm)
+    path = out / arm / f"eval-{len(entry['curve']) - 1}.json" if entry else None
+    return json.loads(path.read_text())["success_by_seed"] if path and path.exists() else None
+
+
+def paired_to_sft(report: dict, out: Path) -> None:
+    """Each arm's final RL-set success minus `sft`'s (vs_sft) and minus the shared SFT's (vs_start), paired on
+    the evaluation seeds, with 95 % bootstrap CIs."""
+    rl_set = report["rl_set"]["tasks"]
+    on_rl_set = lambda by_seed: {t: by_seed[t] for t in rl_set}  # noqa: E731
+    start = on_rl_set(json.loads((out / "shared" / "eval-0.json").read_text())["success_by_seed"])
+    baseline = final_success_by_seed(report, "sft", out)
+    for arm, entry in report["arms"].items():
+        mine = final_success_by_seed(report, arm, out)
+        if mine is None:
+            continue
+        for key, other in (("vs_start", start), ("vs_sft", baseline and on_rl_set(baseline))):
+            if other is not None:
+                diff, lo, hi = paired_diff_ci(on_rl_set(mine), other)
+                entry[key] = {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
 
 
 def run_curriculum(config: CurriculumConfig) -> dict:
     from edge_client.env import GuiEnv
 
-    names = [a for a in config.arms.split(",") if a] or list(ARMS)
+    names = list(ARMS) if config.arms == "all" else [a for a in config.arms.split(",") if a]
     unknown = set(names) - set(ARMS)
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; the arms are {', '.join(ARMS)}")
@@ -358,38 +556,52 @@ def run_curriculum(config: CurriculumConfig) -> dict:
     try:
         shared = Shared(config, env)
         report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
-        report["shared"] = shared.meta
-        for arm in names:
+        report["shared"] = {k: v for k, v in shared.meta.items() if k != "rl_set"}
+        report["rl_set"] = {k: shared.meta["rl_set"][k] for k in ("tasks", "rule", "selection_seeds", "eval_seeds")}
+        report["rl_set"]["selection_success"] = shared.meta["rl_set"]["selection_success"]
+        report["start"] = shared.start_point()
+        path.write_text(json.dumps(report, indent=2))
+        for arm in [] if config.shared_only else names:
             say(f"arm {arm}: stages {' -> '.join(ARMS[arm])}, budget {config.budget_minutes} min")
             report["arms"][arm] = run_arm(arm, shared, env)
+            paired_to_sft(report, config.out)
             path.write_text(json.dumps(report, indent=2))
     finally:
         env.close()
     plot_curriculum(config.out / "curriculum.png", report)
     say(f"wrote {path} and {config.out / 'curriculum.png'}")
     for arm, entry in report["arms"].items():
-        say(f"  {arm:20s} tier1 {entry['tier1_mean']}  tier2 {entry['tier2_mean']}  env steps {entry['env_steps']}  "
-            f"cpu {entry['cpu_s']} s")  # fmt: skip
+        vs = entry.get("vs_sft", {})
+        say(f"  {arm:20s} RL set {entry['rl_set_mean']} {entry['rl_set_ci']}  vs sft {vs.get('diff')} {vs.get('ci')}  "
+            f"tier1 {entry['tier1_mean']}  env steps {entry['env_steps']}")  # fmt: skip
     return report
 
 
 def plot_curriculum(path: Path, report: dict) -> None:
-    """Tier 1 and Tier 2 mean success vs environment steps, one line per arm."""
+    """RL-set mean success (95 % CI band) and Tier 1 mean vs environment steps, one line per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
-    for ax, key in zip(axes, ("tier1_mean", "tier2_mean"), strict=True):
-        for arm, entry in report["arms"].items():
-            points = [(p["env_steps"], p[key]) for p in entry["curve"] if p[key] is not None]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=arm)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=110)
+    for arm, entry in report["arms"].items():
+        curve = entry["curve"]
+        x = [p["env_steps"] for p in curve]
+        (line,) = axes[0].plot(x, [p["rl_set_mean"] for p in curve], marker="o", label=arm)
+        axes[0].fill_between(x, [p["rl_set_ci"][0] for p in curve], [p["rl_set_ci"][1] for p in curve],
+                             color=line.get_color(), alpha=0.12)  # fmt: skip
+        axes[1].plot(x, [p["tier1_mean"] for p in curve], marker="o", color=line.get_color(), label=arm)
+    tasks = ", ".join(report.get("rl_set", {}).get("tasks", []))
+    axes[0].set_ylabel("RL-set mean success (greedy, 95 % CI)")
+    axes[0].set_title(f"RL set: {tasks}", fontsize=8)
+    axes[1].set_ylabel("Tier 1 mean success (greedy)")
+    for ax in axes:
         ax.set_xlabel("environment steps (demonstrations + logged fleet + own rollouts)")
-        ax.set_ylabel(f"{key.replace('_', ' ')} success (greedy, held-out seeds)")
+        ax.set_xscale("symlog", linthresh=1000)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if report["arms"]:
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"Curriculum arms at {report['config']['budget_minutes']} min each")
     fig.tight_layout()
     fig.savefig(path)

@@ -116,11 +116,13 @@ def run_arm(
     return results
 
 
-def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int, out: Path,
-                   browsers: int = 1) -> dict:  # fmt: skip
-    """Export `model` to OUT/model-<step>.vla, evaluate it on the held-out seeds, write OUT/eval-<step>.json.
+def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int | dict[str, int], out: Path,
+                   browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
+    """Export `model` to OUT/model-<step>.vla, evaluate it greedily on seeds seed.. (the held-out seeds unless
+    told otherwise; `episodes` per task, or a count for each), write OUT/eval-<step>.json.
 
-    `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest."""
+    `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest, with each
+    task's `success_by_seed` (episode i on seed + i) for paired comparisons."""
     from edge_client.env import EnvConfig
     from edge_client.evaluate import evaluate
     from learner.vla_export import export_bundle
@@ -135,13 +137,15 @@ def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], epis
         return lambda _task: policy
 
     t0 = time.monotonic()
-    report = evaluate(policies(), tasks, episodes, seed=EVAL_SEED, env_config=EnvConfig(read_dom=False),
+    report = evaluate(policies(), tasks, episodes, seed=seed, env_config=EnvConfig(read_dom=False),
                       browsers=browsers, more_policies=policies)  # fmt: skip
     entry = {
         **meta, "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
         "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
-        "episodes_per_s": report["episodes_per_s"], "browsers": browsers,
+        "episodes_per_s": report["episodes_per_s"], "browsers": browsers, "seed": seed,
         "mean": report["mean_success_rate"],
+        "success_by_seed": {t: [end == "success" for end in r["termination_by_seed"]]
+                            for t, r in report["tasks"].items()},
     }  # fmt: skip
     (out / f"eval-{step}.json").write_text(json.dumps(entry, indent=2))
     say(f"arm {meta['arm']} @ {step}: mean {entry['mean']:.3f}")

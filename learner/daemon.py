@@ -4,7 +4,12 @@ publishes a signed version every N new episodes or T minutes, and never makes th
     no version yet            -> SFT on the demonstrations (and successes) in training_samples
     SFT done, failures logged -> offline RL once (AWR + DPO on every logged episode, learner.offline_rl)
     afterwards                -> online RL: one PPO update (learner.online_rl) per batch of fresh rollouts,
-                                 the episodes the fleet produced since the last publish, guided towards SFT
+                                 the episodes the fleet produced since the last publish plus those of the
+                                 `replay_versions` - 1 versions before (a replay with a bounded version lag),
+                                 guided towards SFT with a beta that anneals over the environment steps taken
+
+Every stage is trained through learner.stages.run_stage, the dispatcher the curriculum experiment uses too;
+each version's stage diagnostics (KLs, clip fraction, entropy, ...) are in its state entry and the metrics.
 
 The fleet keeps acting with whatever version it has while the learner trains; a new version reaches it
 through the model-versions topic (canary first when configured, learner.publish). The daemon's progress
@@ -30,11 +35,11 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from learner import metrics
 from learner.config import VLARecipe
 from learner.data import load_rollouts, load_samples, table_versions
-from learner.offline_rl import OfflineRLConfig, train_offline_rl
-from learner.online_rl import Guidance, OnlineRLConfig, ppo_update
+from learner.online_rl import Guidance
 from learner.publish import publish_artifact
+from learner.stages import StageData, StageRun, run_stage
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLAResult, train_vla
+from learner.vla_sft import VLAResult
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,9 @@ class DaemonConfig:
     """Learning rate of the RL stages."""
     guidance: Guidance = "refkl"
     """Online RL's offline guidance: 'none', 'refkl' or 'databc'."""
+    replay_versions: int = 2
+    """An online update trains on the rollouts produced since the publish this many versions ago (1: only the
+    fresh ones); decoupled PPO weights the older versions' tokens by pi_old / mu."""
     max_versions: int = 0
     """Stop after publishing this many versions (0: run until stopped)."""
     stop_after_s: float = 0.0
@@ -74,6 +82,7 @@ class DaemonState:
     version: str = ""
     offline_done: bool = False
     last_publish_at: float = 0.0
+    online_env_steps: int = 0  # environment steps of the rollouts online updates consumed (beta's clock)
     versions: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -99,6 +108,7 @@ def next_stage(state: DaemonState, failures_logged: bool) -> str:
 @dataclass(frozen=True)
 class TableCounts:
     fresh: int  # model episodes produced after the last publish
+    fresh_steps: int  # their environment steps
     failures_logged: bool  # whether any model failure is logged at all
     demos: int  # successful expert episodes
 
@@ -121,35 +131,43 @@ def table_counts(tables_dir: Path, since: float) -> TableCounts:
         pl.scan_delta(table_uri(tables_dir, EPISODES))
         .select(
             (model & (pl.col("produced_at") > since)).sum().alias("fresh"),
+            pl.col("steps").filter(model & (pl.col("produced_at") > since)).sum().alias("fresh_steps"),
             (model & ~pl.col("success")).sum().alias("failures"),
             (expert & pl.col("success")).sum().alias("demos"),
         )
         .collect()
     )
-    return TableCounts(int(counts["fresh"][0] or 0), int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0))
+    return TableCounts(int(counts["fresh"][0] or 0), int(counts["fresh_steps"][0] or 0),
+                       int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0))  # fmt: skip
 
 
 def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: DaemonState,
-                versions: dict[str, int]) -> VLAResult:  # fmt: skip
+                versions: dict[str, int], counts: TableCounts) -> VLAResult:  # fmt: skip
     tables, work = settings.tables_dir, settings.data_dir / "learner" / "daemon"
     recipe = VLARecipe.load(config.recipe, progress_bar=False)
     at = "-".join(str(v) for v in versions.values())
     rl_train = replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
     if stage == "sft":
-        frame = load_samples(tables, ("demo", "success"), versions)
         sft_train = replace(recipe.train, steps=config.sft_steps) if config.sft_steps else recipe.train
-        return train_vla(frame, sft_train, work / f"sft-at-{at}", model_config=recipe.model,
-                         pruning=recipe.pruning, vocab_size=recipe.vocab_size)  # fmt: skip
+        return run_stage(StageRun("sft", sft_train, work / f"sft-at-{at}", recipe=recipe),
+                         StageData(demos=load_samples(tables, ("demo", "success"), versions)))  # fmt: skip
     if stage == "offline_rl":
         frame = load_rollouts(tables, ("demo", "success", "failure"), versions)
-        return train_offline_rl(frame, replace(rl_train, steps=config.offline_steps), OfflineRLConfig(),
-                                state.checkpoint, work / f"offline-at-{at}")  # fmt: skip
-    rollouts = load_rollouts(tables, ("success", "failure"), versions, since=state.last_publish_at)
+        offline = StageRun("offline_rl", replace(rl_train, steps=config.offline_steps), work / f"offline-at-{at}",
+                           start=state.checkpoint, reference=state.checkpoint)  # fmt: skip
+        return run_stage(offline, StageData(logged=frame))
+    # The replay: since the publish replay_versions versions ago (the versions' entries are in publish order).
+    back = state.versions[-config.replay_versions :] if config.replay_versions > 1 else []
+    since = back[0]["published_at"] if len(back) == config.replay_versions else state.last_publish_at
+    rollouts = load_rollouts(tables, ("success", "failure"), versions, since=min(since, state.last_publish_at))
     rollouts = rollouts.filter(pl.col("tokens").list.len() > 0)  # sampled by a model (not an expert's)
     demos = load_samples(tables, ("demo",), versions) if config.guidance == "databc" else None
-    rl = OnlineRLConfig(guidance=config.guidance)
-    # One online run across updates: its directory keeps the optimizer and beta's schedule going.
-    return ppo_update(rollouts, rl_train, rl, state.checkpoint, state.sft_checkpoint, work / "online", demos)
+    # One online run across updates: its directory keeps the optimizer going.
+    result = run_stage(StageRun(f"online_rl:{config.guidance}", rl_train, work / "online", start=state.checkpoint,
+                                reference=state.sft_checkpoint, env_steps=state.online_env_steps),
+                       StageData(rollouts=rollouts, demos=demos))  # fmt: skip
+    state.online_env_steps += counts.fresh_steps  # beta's clock: each environment step counted once
+    return result
 
 
 def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
@@ -173,7 +191,7 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         with pinned(settings.pins_dir, versions):
             metrics.training_started(stage, settings.tables_dir, versions)
             started_at = time.time()
-            result = train_stage(stage, settings, config, state, versions)
+            result = train_stage(stage, settings, config, state, versions, counts)
         bundle = export_bundle(
             result.model, result.tokenizer, result.pruning, result.checkpoint_path.parent / "model.vla"
         )
@@ -181,14 +199,15 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
                                  extra_manifest={"checkpoint": str(result.checkpoint_path.resolve()),
                                                  "stage_steps": result.steps - result.start_step})  # fmt: skip
         metrics.published(stage, event.version, event.produced_at, dict(event.eval))
+        metrics.stage_diagnostics(stage, result.diagnostics)
         if stage == "sft":
             state.sft_checkpoint = str(result.checkpoint_path)
         state.offline_done = state.offline_done or stage == "offline_rl"
         # Rollouts produced while this stage trained still count as fresh for the next one.
         state.checkpoint, state.version, state.last_publish_at = str(result.checkpoint_path), event.version, started_at
         state.versions.append({"model_version": event.version, "stage": stage, "published_at": event.produced_at,
-                               "fresh_episodes": counts.fresh,
-                               "train_s": round(event.produced_at - started_at, 1)})  # fmt: skip
+                               "fresh_episodes": counts.fresh, "train_s": round(event.produced_at - started_at, 1),
+                               "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)
         published_now += 1
         log.warning("published %s (%s) after %.0f s of training", event.version, stage, event.produced_at - started_at)

@@ -23,6 +23,12 @@ EVAL_SUCCESS = Gauge(
     ["task", "model_version"],
 )
 
+UPDATE_DIAGNOSTIC = Gauge(
+    "flywheel_learner_update_diagnostic",
+    "The last update's diagnostics by name: kl_old, kl_sft, clip_fraction, entropy, ratio quantiles, informative_share",
+    ["stage", "name"],
+)
+
 LIVE_SUCCESS = Gauge(
     "flywheel_learner_live_success_ratio",
     "Fleet success per task of each model version, from the episodes table the learner trains on",
@@ -60,3 +66,10 @@ def published(stage: str, version: str, at: float, evals: dict[str, float]) -> N
     LAST_PUBLISH_TIMESTAMP.set(at)
     for task, rate in evals.items():
         EVAL_SUCCESS.labels(task, version).set(rate)
+
+
+def stage_diagnostics(stage: str, diagnostics: dict) -> None:
+    """The numeric diagnostics of the update a version came from (learner.stages)."""
+    for name, value in diagnostics.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            UPDATE_DIAGNOSTIC.labels(stage, name).set(value)

@@ -2,11 +2,14 @@
 
 Starting from the SFT model (also the frozen reference), each update is
 
-    L = AWR + dpo_weight * DPO                                            (learner.rl_losses)
+    L = AWR + dpo_weight * DPO + lambda_rel * L_relevance                 (learner.rl_losses)
     AWR: every logged step's tokens, weighted by w = curation weight * min(exp(A / tau), w_max),
          A = the episode's score (processors.scoring) minus the mean score of its task's logged episodes
     DPO: pairs (a success, a failure) of the same task and seed: the failure's trajectory log-ratio to the
-         reference is pushed below the success's
+         reference is pushed below the success's. Each trajectory's log-ratio is its mean per token (not the
+         sum): a summed ratio over a few steps of ~10 tokens gave the DPO term ~35 in gradient norm against
+         AWR's ~3 (a per-token mean), so the pairs swamped the imitation of everything logged
+    L_relevance: the pruning relevance on the clicks of successful episodes (as SFT teaches it)
 
 AWR alone only re-weights imitation (a failure's weight is small but positive); the DPO term is what
 pushes probability away from the actions that led to dead ends. A model's rollout is scored on the
@@ -28,7 +31,7 @@ import torch
 from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss, episode_advantages
-from learner.vla import VLA
+from learner.vla import VLA, target_patch_nll
 from learner.vla_sft import VLADataset, VLAResult, load_vla, lr_at, open_run
 from policy.pruning import keep_count
 
@@ -42,10 +45,12 @@ class OfflineRLConfig:
     """tau: advantages are score differences in [-1, 1]; 0.25 weighs a +0.5 episode e^2 above the task mean."""
     awr_max_weight: float = 5.0
     """w_max: no logged step weighs more than this."""
-    dpo_beta: float = 0.5
-    """beta of the DPO term (how far from the reference the log-ratio margin saturates)."""
-    dpo_weight: float = 1.0
-    """Weight of the DPO term against AWR (0: AWR only)."""
+    dpo_beta: float = 1.0
+    """beta of the DPO term on the per-token mean log-ratio (the margin saturates some nats a token from the
+    reference)."""
+    dpo_weight: float = 0.5
+    """Weight of the DPO term against AWR (0: AWR only): at 0.5 its gradient is of AWR's norm on the tests'
+    3-step trajectories (tests/test_offline_rl.py), where the summed ratio at beta 0.5 made it ~50x (126 vs 2.4)."""
     dpo_pairs: int = 4
     """(success, failure) pairs per update."""
     dpo_max_steps: int = 3
@@ -77,12 +82,14 @@ def preference_pairs(frame: pl.DataFrame) -> list[tuple[str, str]]:
 
 
 def trajectory_logprobs(model: VLA, data: VLADataset, rows: list[int], segments: np.ndarray, keep: int) -> torch.Tensor:
-    """(S,) sum of log pi over each segment's tokens; rows (n,) dataset indices, segments (n,) segment ids."""
+    """(S,) mean log pi per token over each segment's tokens; rows (n,) dataset indices, segments (n,) segment ids."""
     batch = data.batch(np.array(rows))
-    logp, _, _ = token_logprobs(model, batch, grammar_masks(data.tok, batch["labels"], data.cfg.max_thought_tokens),
-                                keep)  # fmt: skip
-    per_row = logp.sum(1)  # (n,)
-    return torch.zeros(int(segments.max()) + 1, dtype=per_row.dtype).index_add(0, torch.from_numpy(segments), per_row)
+    logp, _, mask, _ = token_logprobs(model, batch, grammar_masks(data.tok, batch["labels"],
+                                                                  data.cfg.max_thought_tokens), keep)  # fmt: skip
+    at = torch.from_numpy(segments)
+    sums = torch.zeros(int(segments.max()) + 1, dtype=logp.dtype).index_add(0, at, logp.sum(1))  # (S,)
+    tokens = torch.zeros(int(segments.max()) + 1, dtype=logp.dtype).index_add(0, at, mask.sum(1))  # (S,)
+    return sums / tokens.clamp(min=1.0)
 
 
 def train_offline_rl(
@@ -105,6 +112,7 @@ def train_offline_rl(
     weights = torch.from_numpy(frame["weight"].to_numpy().astype(np.float32)) * awr_weights(
         torch.from_numpy(step_advantages(frame)).float(), rl.awr_temperature, rl.awr_max_weight
     )  # (M,)
+    teach = torch.from_numpy(frame["success"].fill_null(False).to_numpy().astype(bool))  # (M,) relevance targets
     rows_of: dict[str, list[int]] = defaultdict(list)
     for i, episode in enumerate(frame["episode_id"].to_list()):
         rows_of[episode].append(i)
@@ -120,9 +128,10 @@ def train_offline_rl(
             group["lr"] = lr_at(step, train)
         idx = rng.integers(0, len(data), size=train.batch_size)
         batch = data.batch(idx)
-        logp, _, mask = token_logprobs(model, batch, grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens),
-                                       keep)  # fmt: skip
-        total = awr_loss(logp, weights[idx], mask)
+        masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
+        logp, _, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), _, (B, T), (B, N)
+        targets = torch.where(teach[idx], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
+        total = awr_loss(logp, weights[idx], mask) + train.relevance_weight * target_patch_nll(relevance, targets)
         if pairs:
             chosen = [pairs[j] for j in rng.choice(len(pairs), size=min(rl.dpo_pairs, len(pairs)), replace=False)]
             rows, segments = [], []

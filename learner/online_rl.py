@@ -1,26 +1,38 @@
-"""Online RL: GRPO-style PPO on the fleet's sampled rollouts, with offline guidance (RefKL or DataBC).
+"""Online RL: PPO on the fleet's sampled rollouts, per-step credit, with offline guidance (RefKL or DataBC).
 
-A group is the rollouts of one task and seed (MiniWoB++ resets by seed), so the advantage of an episode is
-its reward standardised within its group (learner.rl_losses.group_advantages) and every step of it shares
-that advantage. Decoupled PPO: each token's ratio is taken against pi_old, the learner's own policy when the
-update began (computed once, before its first step), and clipped; the behaviour log mu the edge recorded when
-it drew the token (a tempered, top-k sampler, possibly an older version) only weights it, min(pi_old / mu,
-ratio_cap):
+A group is the rollouts of one task and seed (MiniWoB++ resets by seed, and an episode is deterministic
+given its actions). Per-step credit (`step_credit_advantages`): each step's reward is the verify check (a
+penalty when the screen did not do what the step expected) plus the episode's success at its last step;
+its return G_t is discounted; a state is identified by its screen within the group, its value V(s) is the
+mean return of the group's visits to it, and a step's advantage is Q(s_t, a_t) - V(s_t) with
+Q = r_t + gamma * V(s_{t+1}), scaled by the spread of the group's episode returns. A correct first step
+that every rollout took leads to one next screen whose value is the group's: advantage 0, not pushed down
+with a failed episode's wrong last step. A one-step task's advantage is GRPO's.
 
-    L = L_PPO                                           (guidance "none": plain PPO)
-    L = L_PPO + beta(k) * KL(pi_theta || pi_SFT)        (RefKL, exact over the grammar's support)
-    L = L_PPO + beta(k) * -log pi_theta(a_demo | s)     (DataBC, on a batch of demonstrations)
+Decoupled PPO: each token's ratio is taken against pi_old, the learner's own policy when the update began
+(computed once, before its first step), and clipped; the behaviour log mu the edge recorded when it drew
+the token (a tempered, top-k sampler, possibly an older version from the replay) only weights it,
+min(pi_old / mu, ratio_cap):
 
-beta(k) = beta for `beta_warmup_steps` optimizer steps, then linearly to 0 over `beta_anneal_steps`
-(Poyarkov, Staroverov and Panov, 2026). One call is one PPO update over one batch of rollouts
-(`epochs` passes of minibatches, constant learning rate); the optimizer state and step count carry over
-between calls through the checkpoint in out_dir, so beta's schedule and Adam's moments continue across
-updates. Groups whose rollouts all scored alike carry no advantage and are skipped.
+    L = L_PPO + lambda_rel * L_relevance                 (guidance "none": plain PPO)
+    L = L_PPO + beta(n) * KL(pi_theta || pi_SFT) + ...   (RefKL, exact over the grammar's support)
+    L = L_PPO + beta(n) * -log pi_theta(a_demo | s) + ...  (DataBC, on a batch of demonstrations)
+
+beta(n) = beta for `beta_warmup_env_steps` environment steps of online rollouts, then linearly to 0 over
+`beta_anneal_env_steps` (Poyarkov, Staroverov and Panov, 2026, count them in environment steps; the caller
+says how many the online stage has taken). L_relevance keeps the pruning relevance on the clicks of
+successful rollouts (learner.vla.target_patch_nll), as SFT does: the trunk under it moves.
+
+One call is one PPO update over one batch of rollouts (`epochs` passes of minibatches, constant learning
+rate); the optimizer state carries over between calls through the checkpoint in out_dir. Rows of groups
+whose rollouts all scored alike carry no advantage and are skipped. The result's `diagnostics`: approximate
+KL to pi_old and exact KL to SFT, clip fraction, entropy, ratio quantiles, informative share, beta.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -32,12 +44,13 @@ from learner.config import VLATrainConfig
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import (
     databc_loss,
-    episode_advantages,
-    group_advantages,
+    entropy_over_support,
     guidance_beta,
     kl_to_reference,
     ppo_clip_loss,
+    state_value_advantages,
 )
+from learner.vla import target_patch_nll
 from learner.vla_sft import VLADataset, VLAResult, load_vla, open_run
 from policy.pruning import keep_count
 
@@ -50,23 +63,48 @@ class OnlineRLConfig:
     """Offline guidance: 'none' (plain PPO), 'refkl' (KL to the SFT reference) or 'databc' (demo NLL)."""
     beta: float = 0.1
     """beta_0 of the guidance term."""
-    beta_warmup_steps: int = 50
-    """Optimizer steps at beta_0 before the anneal starts."""
-    beta_anneal_steps: int = 150
-    """Optimizer steps over which beta falls linearly to 0."""
+    beta_warmup_env_steps: int = 2000
+    """Environment steps of online rollouts at beta_0 before the anneal starts."""
+    beta_anneal_env_steps: int = 8000
+    """Environment steps over which beta then falls linearly to 0."""
     clip: float = 0.2
     """PPO's epsilon."""
     ratio_cap: float = 5.0
     """The importance weight pi_old / mu is truncated here (stale behaviour versions, the sampler's tempering)."""
     epochs: int = 2
-    """Passes over each rollout batch."""
+    """Passes over each rollout batch (fresh rollouts and the replay)."""
     demo_batch_size: int = 16
     """DataBC: demonstrations per minibatch."""
+    gamma: float = 0.9
+    """Discount of the per-step returns (a shorter success is worth more)."""
+    verify_penalty: float = 0.1
+    """Step reward of a step whose verify check failed (the screen did not do what the step expected): minus this."""
 
 
-def episode_group_advantages(frame: pl.DataFrame) -> np.ndarray:
-    """(M,) each step's advantage: its episode's success (1/0) standardised within its (task, seed) group."""
-    return episode_advantages(frame, "success", ["task", "seed"], group_advantages)
+def task_weights(recent: dict[str, list[bool]], window: int = 4, floor: float = 0.1) -> np.ndarray:
+    """Dynamic sampling: one weight per task (in `recent`'s order), the share of its last `window` groups that
+    were informative (rollouts that did not all end alike), at least `floor`; 1 for a task with no group yet."""
+    return np.array([max(floor, float(np.mean(g[-window:]))) if g else 1.0 for g in recent.values()])
+
+
+def step_credit_advantages(frame: pl.DataFrame, gamma: float, verify_penalty: float) -> np.ndarray:
+    """(M,) each step's advantage by per-step credit (module docstring), for `frame` in episode, step order.
+
+    Columns: episode_id, step, task, seed, success, screenshot; verify_ok when recorded (else every step counts
+    as verified)."""
+    episodes = frame["episode_id"].to_list()
+    ends = [i == len(episodes) - 1 or episodes[i + 1] != e for i, e in enumerate(episodes)]
+    verified = frame["verify_ok"].fill_null(True).to_numpy() if "verify_ok" in frame.columns else np.ones(len(frame))
+    success = frame["success"].cast(pl.Float64).to_numpy()
+    rewards = -verify_penalty * (1.0 - verified.astype(np.float64)) + np.where(ends, success, 0.0)  # (M,)
+    groups = [f"{t}\x00{s}" for t, s in zip(frame["task"].to_list(), frame["seed"].to_list(), strict=True)]
+    screens = [hashlib.blake2b(png, digest_size=12).hexdigest() for png in frame["screenshot"].to_list()]
+    # A state: the screen at a step index within a group (the same seed and the same screen: the same state).
+    ids = {k: i for i, k in enumerate(dict.fromkeys(zip(groups, frame["step"].to_list(), screens, strict=True)))}
+    states = np.array([ids[k] for k in zip(groups, frame["step"].to_list(), screens, strict=True)])
+    group_ids = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    return state_value_advantages(torch.from_numpy(rewards), torch.tensor(states), torch.tensor(ends),
+                                  torch.tensor([group_ids[g] for g in groups]), gamma).numpy()  # fmt: skip
 
 
 def on_labels(per_row: list[list[float]], labels: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
@@ -95,11 +133,20 @@ def proximal_logprobs(model, data: VLADataset, tok, rows: np.ndarray, keep: int,
     out: list = [None] * len(data)
     for chunk in np.array_split(rows, max(1, -(-len(rows) // batch_size))):
         batch = data.batch(chunk)
-        logp, _, mask = token_logprobs(model, batch, grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens),
-                                       keep)  # fmt: skip
+        logp, _, mask, _ = token_logprobs(model, batch, grammar_masks(tok, batch["labels"],
+                                                                      model.cfg.max_thought_tokens), keep)  # fmt: skip
         for b, i in enumerate(chunk):
             out[int(i)] = logp[b][mask[b] > 0].tolist()
     return out
+
+
+def relevance_targets(frame: pl.DataFrame) -> np.ndarray:
+    """(M,) whether a row's click teaches the pruning relevance: a step of a successful rollout (or, in
+    semi-online RL, a step that matched the expert's)."""
+    for column in ("success", "matched"):
+        if column in frame.columns:
+            return frame[column].fill_null(False).to_numpy().astype(bool)
+    return np.zeros(len(frame), dtype=bool)
 
 
 def ppo_update(
@@ -110,30 +157,34 @@ def ppo_update(
     reference_checkpoint: str | Path,
     out_dir: str | Path,
     demos: pl.DataFrame | None = None,
+    env_steps: int = 0,
 ) -> VLAResult:
-    """One PPO update on `rollouts` (SFT_COLUMNS + tokens, token_logprobs, task, seed, success; or an
-    `advantage` column per step instead of task, seed and success).
+    """One PPO update on `rollouts` (SFT_COLUMNS + tokens, token_logprobs, task, seed, success, optionally
+    verify_ok; or an `advantage` column per step instead of task, seed and success).
 
     Continues from out_dir's checkpoint (earlier updates), else starts from `start_checkpoint`; the
-    reference (RefKL) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS) feed DataBC."""
+    reference (RefKL, and the KL diagnostic) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS)
+    feed DataBC. `env_steps`: environment steps the online stage had taken before these rollouts (beta's clock)."""
     if rl.guidance == "databc" and (demos is None or demos.is_empty()):
         raise ValueError("DataBC guidance needs demonstrations")
     run = open_run(out_dir, train, lambda: load_vla(start_checkpoint))
     model, tok, pruning, rng, optimizer = run.model, run.tok, run.pruning, run.rng, run.optimizer
-    reference = None
-    if rl.guidance == "refkl":
-        reference, _, _ = load_vla(reference_checkpoint)
-        reference.requires_grad_(False)
+    reference, _, _ = load_vla(reference_checkpoint)
+    reference.requires_grad_(False)
     rollouts = rollouts.sort("episode_id", "step")  # the dataset's row order
     data = VLADataset(rollouts, tok, model.cfg, pruning)
     demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance == "databc" else None
-    # (M,) GRPO's per-episode advantage, unless the caller computed one per step (semi-online RL).
+    # (M,) per-step credit, unless the caller computed an advantage per step (semi-online RL).
     given = "advantage" in rollouts.columns
-    advantages = rollouts["advantage"].to_numpy().copy() if given else episode_group_advantages(rollouts)
+    advantages = rollouts["advantage"].to_numpy().copy() if given else step_credit_advantages(
+        rollouts, rl.gamma, rl.verify_penalty)  # fmt: skip
     advantages = torch.from_numpy(advantages).float()
+    teach = torch.from_numpy(relevance_targets(rollouts))
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
+    beta = guidance_beta(env_steps, rl.beta, rl.beta_warmup_env_steps, rl.beta_anneal_env_steps)
 
     losses: list[float] = []
+    stats = UpdateStats(clip=rl.clip)
     step = run.start_step
     model.train()
     run.begin()
@@ -143,20 +194,22 @@ def ppo_update(
         for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // train.batch_size)):
             batch = data.batch(chunk)
             masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
-            logp, logp_all, mask = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
+            logp, logp_all, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
             mu = behaviour_logprobs(rollouts, batch["labels"], chunk)  # (B, T)
             old_logp = on_labels(old, batch["labels"], chunk)  # (B, T)
             total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], mask, rl.clip, rl.ratio_cap)
-            beta = guidance_beta(step, rl.beta, rl.beta_warmup_steps, rl.beta_anneal_steps)
+            targets = torch.where(teach[chunk], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
+            total = total + train.relevance_weight * target_patch_nll(relevance, targets)
+            with torch.no_grad():
+                _, ref_logp_all, _, _ = token_logprobs(reference, batch, masks, keep)
             if rl.guidance == "refkl" and beta > 0:
-                with torch.no_grad():
-                    _, ref_logp_all, _ = token_logprobs(reference, batch, masks, keep)
                 total = total + beta * kl_to_reference(logp_all, ref_logp_all, mask)
             elif rl.guidance == "databc" and beta > 0:
                 demo_batch = demo_data.batch(rng.integers(0, len(demo_data), size=rl.demo_batch_size))
                 demo_masks = grammar_masks(tok, demo_batch["labels"], model.cfg.max_thought_tokens)
-                demo_logp, _, demo_mask = token_logprobs(model, demo_batch, demo_masks, keep)
+                demo_logp, _, demo_mask, _ = token_logprobs(model, demo_batch, demo_masks, keep)
                 total = total + beta * databc_loss(demo_logp, demo_mask)
+            stats.add(logp, old_logp, logp_all, ref_logp_all, mask)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             if train.grad_clip > 0:
@@ -164,4 +217,39 @@ def ppo_update(
             optimizer.step()
             losses.append(total.item())
             step += 1
-    return run.finish(step, losses)
+    result = run.finish(step, losses)
+    groups = rollouts.select("task", "seed").n_unique() if {"task", "seed"} <= set(rollouts.columns) else None
+    return replace(result, diagnostics=stats.summary() | {
+        "beta": beta, "env_steps": env_steps, "rows": len(rollouts), "informative_rows": int(len(informative)),
+        "informative_share": round(len(informative) / max(1, len(rollouts)), 4), "groups": groups,
+        "optimizer_steps": len(losses)})  # fmt: skip
+
+
+@dataclass
+class UpdateStats:
+    """Per-update diagnostics, accumulated over its minibatches (no gradient)."""
+
+    clip: float
+    ratios: list[torch.Tensor] = field(default_factory=list)  # pi_theta / pi_old at each counted token
+    kl_old: list[float] = field(default_factory=list)
+    kl_sft: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+
+    @torch.no_grad()
+    def add(self, logp, old_logp, logp_all, ref_logp_all, mask) -> None:
+        on = mask > 0
+        log_ratio = (logp - old_logp)[on]  # (n,)
+        self.ratios.append(log_ratio.exp())
+        self.kl_old.append((log_ratio.exp() - 1 - log_ratio).mean().item())  # k3 estimator of KL(pi_old || pi)
+        self.kl_sft.append(kl_to_reference(logp_all, ref_logp_all, mask).item())
+        self.entropy.append(entropy_over_support(logp_all, mask).item())
+
+    def summary(self) -> dict:
+        if not self.ratios:
+            return {}
+        ratios = torch.cat(self.ratios)
+        q05, q50, q95 = (float(v) for v in torch.quantile(ratios, torch.tensor([0.05, 0.5, 0.95])))
+        return {"kl_old": round(float(np.mean(self.kl_old)), 5), "kl_sft": round(float(np.mean(self.kl_sft)), 5),
+                "entropy": round(float(np.mean(self.entropy)), 4),
+                "clip_fraction": round(float(((ratios - 1).abs() > self.clip).float().mean()), 4),
+                "ratio_q05": round(q05, 4), "ratio_q50": round(q50, 4), "ratio_q95": round(q95, 4)}  # fmt: skip

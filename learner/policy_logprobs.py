@@ -8,6 +8,8 @@ temperature 1 without top-k, a freshly exported model gives mu == pi_theta: the 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -31,18 +33,22 @@ def grammar_masks(tok: ActionTokenizer, labels: torch.Tensor, max_thought_tokens
     return torch.from_numpy(masks)
 
 
-def token_logprobs(
-    model: VLA, batch: dict[str, torch.Tensor], masks: torch.Tensor, keep: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher-forced log pi_theta of a batch (learner.vla_sft.VLADataset.batch) under the grammar.
+class Scored(NamedTuple):
+    """A teacher-forced batch under the grammar."""
 
-    Returns (logp (B, T) of each label, 0 where unlabelled; logp_all (B, T, V), -inf outside the grammar;
-    mask (B, T) float, 1 at labelled positions)."""
-    logits, _, _ = model(batch["image"], batch["prior"], batch["instruction_ids"], batch["instruction_chars"],
-                         batch["text_ids"], keep)  # fmt: skip  # (B, T, V)
+    logp: torch.Tensor  # (B, T) log pi of each label, 0 where unlabelled
+    logp_all: torch.Tensor  # (B, T, V) -inf outside the grammar
+    mask: torch.Tensor  # (B, T) float, 1 at labelled positions
+    relevance: torch.Tensor  # (B, N) the pruning relevance of each patch (taught by learner.vla.target_patch_nll)
+
+
+def token_logprobs(model: VLA, batch: dict[str, torch.Tensor], masks: torch.Tensor, keep: int) -> Scored:
+    """Teacher-forced log pi_theta of a batch (learner.vla_sft.VLADataset.batch) under the grammar."""
+    logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"], batch["instruction_chars"],
+                                 batch["text_ids"], keep)  # fmt: skip  # (B, T, V)
     logp_all = logits.masked_fill(~masks, float("-inf")).log_softmax(-1)  # (B, T, V)
     labels = batch["labels"]
     mask = (labels != IGNORE).float()  # (B, T)
     picked = logp_all.gather(-1, labels.clamp(min=0)[..., None])[..., 0]  # (B, T)
     logp = torch.where(mask > 0, picked, torch.zeros_like(picked))
-    return logp, logp_all, mask
+    return Scored(logp, logp_all, mask, relevance)

@@ -12,7 +12,10 @@ action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge r
                            policy at the update's start, the sampler's mu only as a truncated weight
     RefKL:                 L_PPO + beta(k) * KL(pi_theta || pi_SFT)     (exact, over the allowed vocabulary)
     DataBC:                L_PPO + beta(k) * -log pi_theta(a_demo | s)
-    beta(k):               beta_0 for k < warmup, then linear to 0 over `anneal` steps
+    beta(n):               beta_0 for n < warmup, then linear to 0 over `anneal` (environment steps)
+    per-step credit:       r_t = verify term (+ success at the last step), G_t = r_t + gamma G_{t+1},
+                           V(s) = mean G over the group's visits to s,
+                           A_t = (r_t + gamma V(s_{t+1}) - V(s_t)) / std of the group's G_0
     semi-online (UI-S1):   r_t = 0.1 * well_formed + 0.9 * action_score;  G_t = r_t + gamma * G_{t+1}, cut at a
                            mismatch;  A_t = z(G_t | task, step index) + z(R | task);  groups whose step-0
                            returns are all alike are dropped
@@ -148,13 +151,52 @@ def databc_loss(logp_demo: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(-logp_demo, mask)
 
 
-def guidance_beta(step: int, beta0: float, warmup_steps: int, anneal_steps: int) -> float:
-    """The offline-guidance weight: beta0 for `warmup_steps`, then linearly to 0 over `anneal_steps`."""
-    if step < warmup_steps:
+def guidance_beta(n: int, beta0: float, warmup: int, anneal: int) -> float:
+    """The offline-guidance weight after n environment steps: beta0 for `warmup`, then linearly to 0 over `anneal`."""
+    if n < warmup:
         return beta0
-    if anneal_steps <= 0:
+    if anneal <= 0:
         return 0.0
-    return beta0 * max(0.0, 1.0 - (step - warmup_steps) / anneal_steps)
+    return beta0 * max(0.0, 1.0 - (n - warmup) / anneal)
+
+
+def entropy_over_support(logp_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy of pi at the masked positions, over the grammar's support. (B, T, V), (B, T) -> scalar."""
+    support = torch.isfinite(logp_all)
+    logp = torch.where(support, logp_all, torch.zeros_like(logp_all))
+    return masked_mean(-(logp.exp() * logp * support).sum(-1), mask)
+
+
+def state_value_advantages(
+    rewards: torch.Tensor,  # (N,) r_t of each step, rows in episode, step order
+    states: torch.Tensor,  # (N,) the state each step acted in (one id per distinct state of its group)
+    ends: torch.Tensor,  # (N,) bool: the episode's last step
+    groups: torch.Tensor,  # (N,) the step's group (rollouts of one task and seed)
+    gamma: float,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Per-step credit from Monte-Carlo state values over a group's rollouts -> (N,).
+
+    G_t = r_t + gamma G_{t+1} within each episode; V(s) = mean G over the steps acting in s; Q_t = r_t +
+    gamma V(s_{t+1}) (r_t at an episode's last step); A_t = (Q_t - V(s_t)) / std of the group's episode
+    returns G_0 (population), 0 for a group whose episodes all returned alike. A step every rollout of the
+    group took alike, into one next state, gets Q = V: no credit either way."""
+    n = len(rewards)
+    returns = torch.zeros(n, dtype=torch.float64)
+    for i in reversed(range(n)):
+        returns[i] = rewards[i] + (0.0 if ends[i] else gamma * returns[i + 1])
+    _, inverse, counts = torch.unique(states, return_inverse=True, return_counts=True)
+    values = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, returns) / counts  # (S,)
+    value = values[inverse]  # (N,) V(s_t)
+    next_value = torch.zeros(n, dtype=torch.float64)
+    next_value[:-1] = value[1:]
+    q = rewards.double() + torch.where(ends, torch.zeros_like(next_value), gamma * next_value)  # (N,)
+    firsts = torch.cat([torch.tensor([True]), ends[:-1]])  # (N,) an episode's first step
+    spread = torch.zeros(n, dtype=torch.float64)
+    for g in torch.unique(groups):
+        in_group = groups == g
+        spread[in_group] = returns[firsts & in_group].std(unbiased=False) if (firsts & in_group).sum() > 1 else 0.0
+    return torch.where(spread > eps, (q - value) / (spread + eps), torch.zeros_like(q)).float()
 
 
 # Semi-online RL (UI-S1, arXiv 2509.11543): rollouts over expert trajectories, one step reward per step.

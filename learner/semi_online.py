@@ -49,6 +49,9 @@ TRAJECTORY_COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot",
 class SemiOnlineConfig:
     rollouts: int = 8
     """Sampled rollouts per expert trajectory (a group)."""
+    trajectories: int = 16
+    """Informative groups an update wants: trajectories are rolled out chunk by chunk (the next ones after the
+    cursor) until this many groups are not flat, or every trajectory was tried once."""
     max_patches: int = 2
     """Mismatches patched with the expert's action per rollout; the next one ends the rollout."""
     gamma: float = 0.5
@@ -228,11 +231,22 @@ def sop(runtime, frame: pl.DataFrame) -> dict:
     }
 
 
+def interleaved(frame: pl.DataFrame) -> list[str]:
+    """The frame's episodes, task by task in turn (a chunk of them spans the tasks)."""
+    by_task: dict[str, list[str]] = {}
+    for episode, task in frame.select("episode_id", "task").unique(maintain_order=True).iter_rows():
+        by_task.setdefault(task, []).append(episode)
+    columns = list(by_task.values())
+    return [c[i] for i in range(max(map(len, columns), default=0)) for c in columns if i < len(c)]
+
+
 def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, start_checkpoint, reference_checkpoint,
-                       out_dir, seed: int = 0):  # fmt: skip
+                       out_dir, seed: int = 0, cursor: int = 0):  # fmt: skip
     """One semi-online RL update: rollouts of the current model (out_dir's, else start_checkpoint's) over the
-    expert trajectories in `expert` (TRAJECTORY_COLUMNS), their advantages, one PPO update with a constant
-    small KL to the SFT reference. Returns (VLAResult, {"rollout_steps", "matched", "trained_steps"})."""
+    expert trajectories in `expert` (TRAJECTORY_COLUMNS), from the `cursor`-th on (tasks interleaved, cyclic),
+    refilled until `config.trajectories` groups are informative or every trajectory was tried once; their
+    advantages; one PPO update with a constant small KL to the SFT reference. Returns (VLAResult, {"rollout_steps",
+    "matched", "trained_steps", "groups_tried", "groups_informative", "cursor"})."""
     from learner.online_rl import OnlineRLConfig, ppo_update
     from learner.vla_export import export_bundle
     from learner.vla_sft import CHECKPOINT_NAME, load_vla
@@ -242,11 +256,21 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     current = out / "ppo" / CHECKPOINT_NAME
     model, tok, pruning = load_vla(current if current.exists() else start_checkpoint)
     runtime = VLARuntime(export_bundle(model, tok, pruning, out / "rollouts.vla"))
-    rows = semi_online_rollouts(runtime, expert, config, seed)
-    rows = rows.with_columns(pl.Series("advantage", rollout_advantages(rows, config)))
+    episodes = interleaved(expert)
+    batches, informative, tried = [], 0, 0
+    while informative < config.trajectories and tried < len(episodes):
+        take = [episodes[(cursor + tried + i) % len(episodes)]
+                for i in range(min(config.trajectories - informative, len(episodes) - tried))]  # fmt: skip
+        rows = semi_online_rollouts(runtime, expert.filter(pl.col("episode_id").is_in(take)), config, seed + tried)
+        rows = rows.with_columns(pl.Series("advantage", rollout_advantages(rows, config)))
+        informative += rows.filter(pl.col("advantage") != 0)["trajectory"].n_unique()
+        tried += len(take)
+        batches.append(rows)
+    rows = pl.concat(batches)
     # Constant beta: a warm-up longer than any run, so the KL term never anneals away.
-    rl = OnlineRLConfig(guidance="refkl", beta=config.kl_beta, beta_warmup_steps=10**9)
+    rl = OnlineRLConfig(guidance="refkl", beta=config.kl_beta, beta_warmup_env_steps=10**12)
     result = ppo_update(rows, train, rl, start_checkpoint, reference_checkpoint, out / "ppo")
     stats = {"rollout_steps": rows.height, "matched": float(rows["matched"].mean()),
-             "trained_steps": int((rows["advantage"] != 0).sum())}  # fmt: skip
+             "trained_steps": int((rows["advantage"] != 0).sum()), "groups_tried": tried,
+             "groups_informative": informative, "cursor": (cursor + tried) % max(1, len(episodes))}  # fmt: skip
     return result, stats

@@ -431,12 +431,17 @@ def vla_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """L = token NLL + relevance_weight * target-patch NLL. Returns (total, token_nll, relevance_nll)."""
     token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
-    has_target = target_patch >= 0
-    if has_target.any():
-        relevance_nll = F.cross_entropy(relevance[has_target], target_patch[has_target])
-    else:
-        relevance_nll = relevance.sum() * 0.0
+    relevance_nll = target_patch_nll(relevance, target_patch)
     return token_nll + relevance_weight * relevance_nll, token_nll, relevance_nll
+
+
+def target_patch_nll(relevance: torch.Tensor, target_patch: torch.Tensor) -> torch.Tensor:
+    """What teaches the pruning relevance: mean -log softmax(relevance)[target patch] over the rows that have a
+    target (>= 0). relevance (B, N), target_patch (B,) -> scalar (0, with a gradient path, when none has)."""
+    has_target = target_patch >= 0
+    if not has_target.any():
+        return relevance.sum() * 0.0
+    return F.cross_entropy(relevance[has_target], target_patch[has_target])
 
 
 def target_patch_index(x: float, y: float, patch_px: int) -> int:

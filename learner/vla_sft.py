@@ -71,6 +71,8 @@ class VLAResult:
     wall_s: float
     cpu_s: float
     num_parameters: int
+    diagnostics: dict = field(default_factory=dict)
+    """What the stage reports of its update (learner.stages): KLs, clip fraction, entropy, ..."""
 
 
 class VLADataset:

@@ -44,7 +44,7 @@ def step_row(event: StepEvent, partition: int, offset: int) -> dict:
         "token_logprobs": list(event.token_logprobs),
         "temperature": event.temperature,
         "top_k": event.top_k,
-        "target_box": list(event.target_box),
+        "target_box": [float(v) for v in event.target_box],  # an expert may give ints and floats
         "schema_version": event.schema_version,
         "kafka_partition": partition,
         "kafka_offset": offset,

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from flywheel.curriculum import ARMS, stage_at, tier_means
+from flywheel.curriculum import ARMS, choose_rl_set, stage_at, tier_means
 
 
 def test_tier_means_are_over_the_evaluated_tasks_of_each_tier():
@@ -26,20 +26,37 @@ def test_an_arm_spends_its_budget_in_its_stages_after_sft():
                          "sft_ppo", "offline_only", "sft_semi_online", "sft_semi_online_views"}  # fmt: skip
 
 
+def test_the_rl_set_rule_keeps_the_tasks_nearest_to_half_within_the_band():
+    rates = {"a": 0.05, "b": 0.5, "c": 0.9, "d": 0.3, "e": 0.65, "f": 1.0, "g": 0.1}
+    assert choose_rl_set(rates, 0.1, 0.9, 3) == ["b", "d", "e"]  # |0.5 - r|: 0, 0.2, 0.15; c and g at 0.4
+    assert choose_rl_set(rates, 0.1, 0.9, 10) == ["b", "c", "d", "e", "g"]  # the band's ends are in it
+    assert choose_rl_set({"a": 0.0, "b": 1.0}, 0.1, 0.9, 8) == []
+
+
 def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     out = tmp_path / "curriculum"
     args = [sys.executable, "-m", "flywheel.cli", "experiment", "curriculum", "--out", str(out),
-            "--tasks", "click-test", "--episodes", "2", "--curve-points", "1", "--budget-minutes", "0.05",
-            "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2", "--repeats", "2", "--update-steps", "2",
+            "--tasks", "click-test,click-button", "--rl-set-low", "0", "--rl-set-high", "1", "--rl-set-size", "1",
+            "--selection-episodes", "2", "--eval-episodes", "3", "--tier1-episodes", "2", "--curve-points", "1",
+            "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
+            "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
             "--arms", "sft,sft_ppo,offline_only"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
+    rl_set = report["rl_set"]
+    assert len(rl_set["tasks"]) == 1 and "nearest to 0.5" in rl_set["rule"]
+    assert rl_set["selection_seeds"] == [900_000, 900_001] and rl_set["eval_seeds"] == [1_000_000, 1_000_002]
     assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only"}
     for arm, entry in report["arms"].items():
         assert entry["stages"] == list(ARMS[arm])
-        assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0 and entry["tier2_mean"] is None
+        assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0
+        lo, hi = entry["rl_set_ci"]
+        assert lo <= entry["rl_set_mean"] <= hi and "vs_sft" in entry and "vs_start" in entry
         assert entry["curve"][-1]["spent_s"] >= 3.0 and entry["rounds"] >= 1  # the budget was spent training
+        assert len(entry["diagnostics"]) == entry["rounds"] and (out / arm / "final.vla").exists()
+        evaluated = json.loads((out / arm / "eval-1.json").read_text())["success_by_seed"]
+        assert len(evaluated[rl_set["tasks"][0]]) == 3  # the RL set on its 3 evaluation seeds, every arm alike
     sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
     assert (online["curve"][-1]["stage"], offline["curve"][-1]["stage"]) == ("online_rl:none", "offline_rl")

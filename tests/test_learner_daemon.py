@@ -61,7 +61,7 @@ def test_the_schedule_follows_the_curriculum():
     config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4, min_demos=5)
 
     def fresh(n: int, demos: int = 5) -> TableCounts:
-        return TableCounts(fresh=n, failures_logged=True, demos=demos)
+        return TableCounts(fresh=n, fresh_steps=n, failures_logged=True, demos=demos)
 
     empty = DaemonState()
     assert next_stage(empty, failures_logged=True) == "sft"

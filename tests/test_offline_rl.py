@@ -106,3 +106,62 @@ def test_offline_rl_resumes_to_the_same_weights(logged, tmp_path):
     resumed = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / "b")
     for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_the_dpo_term_does_not_swamp_awr(logged):
+    """Three-step trajectories (the stage scores up to dpo_max_steps of each): the weighted DPO term's gradient
+    is of AWR's order, not ~50x it (126 vs 2.4) as when each trajectory's log-ratio was its sum over its tokens."""
+    from learner.offline_rl import trajectory_logprobs
+    from learner.rl_losses import awr_loss, dpo_loss
+
+    _, sft_path, frame = logged
+    three = pl.concat([frame.with_columns(step=pl.lit(k, dtype=frame["step"].dtype)) for k in range(3)])
+    three = three.sort("episode_id", "step")
+    model, tok, pruning = load_vla(sft_path)
+    reference, _, _ = load_vla(sft_path)
+    data = VLADataset(three, tok, model.cfg, PruningConfig(keep_ratio=1.0))
+    rows_of = {e: [i for i, x in enumerate(three["episode_id"].to_list()) if x == e] for e in three["episode_id"]}
+    pairs = preference_pairs(three)[:4]
+    rows = [i for win, lose in pairs for i in rows_of[win] + rows_of[lose]]
+    segments = np.array([2 * p + side for p, (win, lose) in enumerate(pairs) for side, e in ((0, win), (1, lose))
+                         for _ in rows_of[e]])  # fmt: skip
+    rl, keep = OfflineRLConfig(), model.cfg.num_patches
+
+    def grad_norm(loss) -> float:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return float(torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None)))
+
+    batch = data.batch(np.arange(0, len(data), 3)[:16])
+    scored = token_logprobs(model, batch, grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens), keep)
+    awr = grad_norm(awr_loss(scored.logp, torch.ones(len(scored.logp)), scored.mask))
+    policy = trajectory_logprobs(model, data, rows, segments, keep)
+    with torch.no_grad():
+        ref = trajectory_logprobs(reference, data, rows, segments, keep)
+    dpo = rl.dpo_weight * grad_norm(dpo_loss(policy[0::2], policy[1::2], ref[0::2], ref[1::2], rl.dpo_beta))
+    assert 0.2 * awr < dpo < 1.5 * awr, (dpo, awr)
+
+
+def test_offline_rl_keeps_teaching_the_pruning_relevance(logged, tmp_path):
+    """The successes' clicks teach the relevance head in the offline stage too (SFT's relevance term): its
+    NLL of their target patches ends below the SFT model's and below the same run's without the term."""
+    from learner.vla import target_patch_nll
+
+    _, sft_path, frame = logged
+    successes = frame.filter(pl.col("success"))
+
+    def relevance_nll(model, tok, pruning) -> float:
+        batch = VLADataset(successes, tok, model.cfg, pruning).batch(np.arange(len(successes)))
+        with torch.no_grad():
+            _, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"],
+                                    batch["instruction_chars"], batch["text_ids"], model.cfg.num_patches)  # fmt: skip
+        return target_patch_nll(relevance, batch["target_patch"]).item()
+
+    def trained(weight: float):
+        train = VLATrainConfig(steps=20, batch_size=8, lr=1e-3, warmup_steps=2, seed=0, checkpoint_every=0,
+                               progress_bar=False, relevance_weight=weight)  # fmt: skip
+        result = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / f"w{weight}")
+        return relevance_nll(result.model, result.tokenizer, result.pruning)
+
+    # The same run without the term (the stage before issue 23) moves the relevance only through the trunk.
+    assert trained(1.0) < min(trained(0.0), relevance_nll(*load_vla(sft_path))) - 0.05

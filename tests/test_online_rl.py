@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner.config import VLATrainConfig
-from learner.online_rl import OnlineRLConfig, episode_group_advantages, ppo_update
+from learner.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import kl_to_reference
 from learner.vla_export import export_bundle
@@ -60,9 +60,9 @@ def sft(tmp_path_factory):
 
 
 def test_group_advantages_are_per_task_and_seed():
-    frame = pl.DataFrame(dict(episode_id=["a", "b", "c", "d"], task=["t"] * 4, seed=[1, 1, 2, 2],
-                              success=[True, False, True, True]))  # fmt: skip
-    assert episode_group_advantages(frame).tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
+    frame = pl.DataFrame(dict(episode_id=["a", "b", "c", "d"], step=[0] * 4, task=["t"] * 4, seed=[1, 1, 2, 2],
+                              success=[True, False, True, True], screenshot=[b"s"] * 4))  # fmt: skip
+    assert step_credit_advantages(frame, 0.9, 0.1).tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
 
 
 def test_a_databc_run_needs_demonstrations(sft, tmp_path):
@@ -75,7 +75,7 @@ def run_updates(sft, guidance: str, rounds: int, tmp: str) -> tuple[list[float],
     work, sft_path = sft
     rng = np.random.default_rng(0)
     train = VLATrainConfig(batch_size=16, lr=1e-3, seed=0, progress_bar=False)
-    rl = OnlineRLConfig(guidance=guidance, beta=0.5, beta_warmup_steps=100, epochs=2)
+    rl = OnlineRLConfig(guidance=guidance, beta=0.5, beta_warmup_env_steps=100, epochs=2)
     model, tok, pruning = load_vla(sft_path)
     (work / tmp).mkdir(exist_ok=True)
     rates = []
@@ -103,7 +103,7 @@ def test_refkl_keeps_the_policy_closer_to_sft_than_plain_ppo(sft):
     batch = data.batch(np.arange(len(data)))
     masks = grammar_masks(tok, batch["labels"], reference.cfg.max_thought_tokens)
     with torch.no_grad():
-        _, ref_all, mask = token_logprobs(reference, batch, masks, reference.cfg.num_patches)
+        _, ref_all, mask, _ = token_logprobs(reference, batch, masks, reference.cfg.num_patches)
         kls = [kl_to_reference(token_logprobs(m, batch, masks, reference.cfg.num_patches)[1], ref_all, mask).item()
                for m in (plain, guided)]  # fmt: skip
     assert kls[1] < kls[0], kls
@@ -138,3 +138,98 @@ def test_the_first_step_of_an_update_has_ratio_1_against_the_learners_own_policy
     on = mask > 0
     assert torch.allclose(logp.detach()[on], old_logp[on], atol=1e-5)  # ratio 1: nothing clipped at first
     assert (logp.detach()[on] - mu[on]).abs().max() > 0.1  # while pi / mu is not 1: mu is the sampler's
+
+
+def sampled_rows(sft_path, tmp_path, seeds: range = range(6)) -> pl.DataFrame:
+    """GROUP rollouts per seed at temperature 0.7 / top-k 5; success alternates within each group."""
+    model, tok, pruning = load_vla(sft_path)
+    runtime = VLARuntime(export_bundle(model, tok, pruning, tmp_path / "sampler.vla"), keep_ratio=1.0)
+    rng, rows = np.random.default_rng(1), []
+    for seed in seeds:
+        image, _ = box_screen(seed)
+        for g in range(GROUP):
+            gen, _ = runtime.step(image, INSTRUCTION, None, Sampling(temperature=0.7, top_k=5), rng)
+            a = runtime.tok.parse(gen.ids).action
+            rows.append(dict(episode_id=f"r{seed}-{g}", step=0, task="click-box", instruction=INSTRUCTION,
+                             screenshot=encode_png(image), thought="", action_type=a.type, x=a.x, y=a.y,
+                             text=a.text, key=a.key, tokens=gen.ids, token_logprobs=gen.token_logprobs,
+                             seed=seed, success=(g + seed) % 2 == 0))  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def test_beta_follows_environment_steps_not_optimizer_steps(sft, tmp_path):
+    """Three updates in a row (many optimizer steps) at env step 0 keep beta_0; past warm-up + anneal in
+    environment steps it is 0, whatever the optimizer step. The update reports its diagnostics."""
+    _, sft_path = sft
+    frame = sampled_rows(sft_path, tmp_path)
+    train = VLATrainConfig(batch_size=4, lr=1e-3, seed=0, progress_bar=False)
+    rl = OnlineRLConfig(guidance="refkl", beta=0.3, beta_warmup_env_steps=100, beta_anneal_env_steps=100)
+    for _ in range(3):
+        result = ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / "ppo", env_steps=0)
+    assert result.steps >= 12 and result.diagnostics["beta"] == pytest.approx(0.3)
+    assert ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / "ppo", env_steps=150).diagnostics["beta"] == (
+        pytest.approx(0.15))  # fmt: skip
+    late = ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / "late", env_steps=200).diagnostics
+    assert late["beta"] == 0.0
+    for key in ("kl_old", "kl_sft", "clip_fraction", "entropy", "ratio_q05", "ratio_q50", "ratio_q95",
+                "informative_share"):  # fmt: skip
+        assert isinstance(late[key], float), key
+    assert late["informative_share"] == 1.0 and late["entropy"] > 0 and late["kl_old"] >= 0
+
+
+def test_an_rl_update_keeps_teaching_the_pruning_relevance(sft, tmp_path):
+    """The relevance head learns on the clicks of successful rollouts during PPO, as in SFT: its NLL of the
+    trained successes' target patches ends below the SFT model's and the same update's without the term."""
+    from learner.vla import target_patch_nll
+
+    _, sft_path = sft
+    frame = sampled_rows(sft_path, tmp_path).with_columns(success=pl.col("action_type") == "click")
+    if frame["success"].n_unique() < 2:  # every rollout clicked: mark half as failures (advantages need both)
+        frame = frame.with_columns(success=pl.Series([i % 2 == 0 for i in range(len(frame))]))
+
+    mixed = pl.col("success").n_unique().over("seed") > 1  # the update trains on groups whose rollouts differ
+    taught = frame.filter(mixed & pl.col("success"))
+
+    def relevance_nll(path) -> float:
+        model, tok, pruning = load_vla(path)
+        data = VLADataset(taught, tok, model.cfg, pruning)
+        batch = data.batch(np.arange(len(data)))
+        with torch.no_grad():
+            _, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"],
+                                    batch["instruction_chars"], batch["text_ids"], model.cfg.num_patches)  # fmt: skip
+        return target_patch_nll(relevance, batch["target_patch"]).item()
+
+    def trained(weight: float) -> float:
+        train = VLATrainConfig(batch_size=4, lr=3e-3, seed=0, progress_bar=False, relevance_weight=weight)
+        rl = OnlineRLConfig(guidance="none", epochs=3)
+        return relevance_nll(ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / f"w{weight}").checkpoint_path)
+
+    # The same update without the term (PPO before issue 23) moves the relevance only through the trunk.
+    assert trained(1.0) < min(trained(0.0), relevance_nll(sft_path)) - 0.05
+
+
+def test_the_online_update_gives_per_step_credit(sft, tmp_path, monkeypatch):
+    """Two-step episodes of one seed: every rollout clicks the same first screen (one next screen), half then
+    succeed. The update's advantages: 0 on every first step, + / - on the last steps (episode-level GRPO
+    gave the failures' first steps -1)."""
+    import learner.online_rl as online_rl
+
+    _, sft_path = sft
+    one = sampled_rows(sft_path, tmp_path, seeds=range(1))  # GROUP rows of seed 0, one step each
+    second = one.with_columns(step=pl.lit(1, dtype=one["step"].dtype),
+                              screenshot=pl.lit(encode_png(box_screen(99)[0])))  # fmt: skip
+    frame = pl.concat([one, second]).with_columns(success=pl.col("episode_id").is_in(["r0-0", "r0-1"]))
+    captured = []
+    loss = online_rl.ppo_clip_loss
+    monkeypatch.setattr(online_rl, "ppo_clip_loss", lambda *a, **kw: captured.append(a[3]) or loss(*a, **kw))
+    ppo_update(frame, VLATrainConfig(batch_size=64, lr=1e-3, seed=0, progress_bar=False),
+               OnlineRLConfig(guidance="none", epochs=1), sft_path, sft_path, tmp_path / "ppo")  # fmt: skip
+    credit = step_credit_advantages(frame.sort("episode_id", "step"), gamma=0.9, verify_penalty=0.1)
+    assert credit[0::2].tolist() == pytest.approx([0.0] * GROUP, abs=1e-6)  # first steps: no credit either way
+    assert (credit[1::2] > 0).tolist() == [True, True, False, False]
+    assert sorted(captured[0].tolist()) == pytest.approx(sorted(credit[credit != 0].tolist()), rel=1e-5)
+
+
+def test_dynamic_sampling_weighs_tasks_by_their_recent_informative_groups():
+    weights = task_weights({"new": [], "flat": [False] * 6, "mixed": [False, True, True, False, True, True]})
+    assert weights.tolist() == pytest.approx([1.0, 0.1, 0.75])

@@ -62,7 +62,7 @@ def test_the_learner_reproduces_the_edges_behaviour_logprobs(untrained, sampling
     batch = data.batch(np.arange(len(rows)))
     masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
     with torch.no_grad():
-        logp, logp_all, mask = token_logprobs(model, batch, masks, model.cfg.num_patches)
+        logp, logp_all, mask, _ = token_logprobs(model, batch, masks, model.cfg.num_patches)
     for row, expected in enumerate(recorded):
         learner = logp[row][mask[row] > 0].numpy()
         assert len(learner) == len(expected)

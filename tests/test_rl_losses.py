@@ -14,11 +14,13 @@ from learner.rl_losses import (
     baseline_advantages,
     databc_loss,
     dpo_loss,
+    entropy_over_support,
     group_advantages,
     guidance_beta,
     kl_to_reference,
     masked_mean,
     ppo_clip_loss,
+    state_value_advantages,
 )
 
 t = torch.tensor
@@ -110,9 +112,49 @@ def test_databc_and_masked_mean():
 
 
 def test_guidance_beta_is_constant_then_annealed_to_zero():
-    betas = [guidance_beta(k, beta0=0.4, warmup_steps=10, anneal_steps=20) for k in (0, 9, 10, 20, 30, 100)]
+    betas = [guidance_beta(n, beta0=0.4, warmup=10, anneal=20) for n in (0, 9, 10, 20, 30, 100)]
     assert betas == pytest.approx([0.4, 0.4, 0.4, 0.2, 0.0, 0.0])
     assert guidance_beta(10, 0.4, 10, 0) == 0.0
+
+
+def test_per_step_credit_does_not_push_down_the_correct_first_step_of_a_failed_episode():
+    """Four rollouts of one seed, two steps each: all click the same field first (one next screen, state 1),
+    then two type the right text (success) and two the wrong one. Episode-level GRPO gives the failures'
+    first step -1; per-step credit gives every first step 0 and only the wrong last steps a negative."""
+    rewards = t([0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # success at the last step of episodes 0 and 1
+    states = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])  # step 0 on screen 0, step 1 on the one next screen
+    ends = torch.tensor([False, True] * 4)
+    groups = torch.zeros(8, dtype=torch.long)
+    adv = state_value_advantages(rewards, states, ends, groups, gamma=0.9)
+    # G_0 = 0.9 or 0 (std 0.45); V(s1) = 0.5, V(s0) = 0.45; step 0: Q = 0.9 * 0.5 = V(s0) -> 0.
+    assert adv[0::2].tolist() == pytest.approx([0.0] * 4, abs=1e-6)
+    assert adv[1::2].tolist() == pytest.approx([0.5 / 0.45, 0.5 / 0.45, -0.5 / 0.45, -0.5 / 0.45], rel=1e-4)
+
+
+def test_per_step_credit_of_a_one_step_task_is_grpo_and_a_flat_group_gets_none():
+    rewards = t([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # group 0: four one-step episodes; group 1: two, both succeed
+    ends = torch.ones(6, dtype=torch.bool)
+    states = torch.tensor([0, 0, 0, 0, 1, 1])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    adv = state_value_advantages(rewards, states, ends, groups, gamma=0.9)
+    expected = group_advantages(rewards[:4], torch.zeros(4, dtype=torch.long))
+    assert adv[:4].tolist() == pytest.approx(expected.tolist(), rel=1e-4)
+    assert adv[4:].tolist() == [0.0, 0.0]
+
+
+def test_a_divergent_first_step_gets_the_credit_of_where_it_led():
+    """Two first actions from one screen: A leads to screen 1 (then success 1 of 2 times), B to screen 2
+    (always fails). A's first step is credited above B's."""
+    rewards = t([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    states = torch.tensor([0, 1, 0, 1, 0, 2, 0, 2])
+    adv = state_value_advantages(rewards, states, torch.tensor([False, True] * 4), torch.zeros(8, dtype=torch.long),
+                                 gamma=1.0)  # fmt: skip
+    assert adv[0] == adv[2] > 0 > adv[4] == adv[6]
+
+
+def test_entropy_over_the_grammars_support():
+    logp_all = torch.log(t([[[0.5, 0.5, 0.0]]]))  # (1, 1, 3), the third token outside the support
+    assert entropy_over_support(logp_all, t([[1.0]])).item() == pytest.approx(math.log(2))
 
 
 # Semi-online RL (issue 15): each function against values worked by hand.

@@ -1,0 +1,119 @@
+"""The one dispatcher of the curriculum's stages: the learner daemon (learner.daemon) and the experiment
+(flywheel.curriculum) both train every stage through `run_stage`, so a stage means one thing in both.
+
+    sft                 imitation of the demonstrations (learner.vla_sft)
+    offline_rl          AWR + DPO on the logged successes and failures (learner.offline_rl)
+    online_rl:<g>       one PPO update on fresh (+ replayed) rollouts, guidance g: none, refkl or databc
+                        (learner.online_rl)
+    semi_online[:views] one semi-online update on expert trajectories (learner.semi_online)
+
+A stage continues the run in its directory (each stage's run is resumable), else starts from `start`, a
+checkpoint, or a fresh model of `recipe` (SFT only). Every result carries `diagnostics` (for SFT and offline
+RL: the KL to the model the call started from and to the reference, and the entropy, on the call's last batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from learner.config import VLARecipe, VLATrainConfig
+from learner.offline_rl import OfflineRLConfig, train_offline_rl
+from learner.online_rl import OnlineRLConfig, ppo_update
+from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.rl_losses import entropy_over_support, kl_to_reference
+from learner.semi_online import SemiOnlineConfig, semi_online_update
+from learner.vla_sft import CHECKPOINT_NAME, VLADataset, VLAResult, load_vla, open_run, train_vla
+from policy.pruning import keep_count
+
+STAGES = ("sft", "offline_rl", "online_rl", "semi_online")
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What to train and where."""
+
+    stage: str  # a STAGES name, with its variant after ':' (online_rl:refkl, semi_online:views)
+    train: VLATrainConfig
+    out_dir: Path  # the stage's run directory (resumes from its checkpoint)
+    start: str = ""  # the checkpoint to start from ("": a fresh model of `recipe`, SFT only)
+    reference: str = ""  # the SFT model: DPO's, RefKL's and the diagnostics' reference
+    stop_at: int | None = None  # SFT / offline RL: checkpoint and return after this step
+    env_steps: int = 0  # online RL: environment steps the online stage took before these rollouts (beta's clock)
+    seed: int = 0  # semi-online rollouts' sampling
+    recipe: VLARecipe | None = None  # a fresh SFT model's architecture, pruning and vocabulary
+
+
+@dataclass(frozen=True)
+class StageData:
+    """What a stage reads (each stage reads its own fields)."""
+
+    demos: pl.DataFrame | None = None  # SFT_COLUMNS: SFT, and DataBC's demonstrations
+    logged: pl.DataFrame | None = None  # + ROLLOUT_COLUMNS, score, success, weight: offline RL
+    rollouts: pl.DataFrame | None = None  # + task, seed, success (verify_ok): online RL
+    trajectories: pl.DataFrame | None = None  # TRAJECTORY_COLUMNS: semi-online RL
+    cursor: int = 0  # semi-online: the trajectory to start from
+
+
+def run_stage(
+    run: StageRun,
+    data: StageData,
+    online: OnlineRLConfig | None = None,
+    offline: OfflineRLConfig | None = None,
+    semi: SemiOnlineConfig | None = None,
+) -> VLAResult:
+    kind, _, variant = run.stage.partition(":")
+    if kind not in STAGES:
+        raise ValueError(f"unknown stage {run.stage!r}; the stages are {', '.join(STAGES)}")
+    resumed = run.out_dir / CHECKPOINT_NAME
+    before_path = resumed if resumed.exists() else (run.start or run.reference)  # where this call starts
+    if kind == "sft":
+        recipe = run.recipe or VLARecipe()
+        before = load_vla(before_path)[0] if before_path else None
+        result = train_vla(data.demos, run.train, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at,
+                           model_config=recipe.model, pruning=recipe.pruning, vocab_size=recipe.vocab_size)  # fmt: skip
+        return with_drift(result, data.demos, before, run.reference)
+    if kind == "offline_rl":
+        before = load_vla(before_path)[0]
+        result = train_offline_rl(data.logged, run.train, offline or OfflineRLConfig(), run.reference, run.out_dir,
+                                  stop_at=run.stop_at)  # fmt: skip
+        return with_drift(result, data.logged, before, run.reference)
+    if kind == "online_rl":
+        rl = replace(online or OnlineRLConfig(), guidance=variant or (online or OnlineRLConfig()).guidance)
+        if data.rollouts is None or data.rollouts.is_empty():
+            # No informative group yet: the model stays as it is (the stage's run is opened and closed).
+            unchanged = open_run(run.out_dir, run.train, lambda: load_vla(run.start))
+            return replace(unchanged.finish(unchanged.start_step, []), diagnostics={"informative_rows": 0})
+        return ppo_update(data.rollouts, run.train, rl, run.start, run.reference, run.out_dir, data.demos,
+                          env_steps=run.env_steps)  # fmt: skip
+    semi = semi or SemiOnlineConfig()
+    if variant == "views" and not semi.view_shift_px:
+        raise ValueError("semi_online:views needs a SemiOnlineConfig with views (view_shift_px > 0)")
+    result, stats = semi_online_update(data.trajectories, run.train, semi, run.start, run.reference, run.out_dir,
+                                       seed=run.seed, cursor=data.cursor)  # fmt: skip
+    return replace(result, diagnostics=result.diagnostics | stats)
+
+
+@torch.no_grad()
+def with_drift(result: VLAResult, frame: pl.DataFrame, before, reference: str, rows: int = 32) -> VLAResult:
+    """The result with diagnostics of how far the call moved the policy, on `rows` of its data (seeded): KL
+    to the model it started from (`before`, None: a fresh model) and to the reference, and the entropy."""
+    model = result.model
+    data = VLADataset(frame, result.tokenizer, model.cfg, result.pruning)
+    idx = np.random.default_rng(0).integers(0, len(data), size=min(rows, len(data)))
+    batch = data.batch(idx)
+    masks = grammar_masks(result.tokenizer, batch["labels"], model.cfg.max_thought_tokens)
+    keep = keep_count(model.cfg.num_patches, result.pruning.keep_ratio)
+    scored = token_logprobs(model, batch, masks, keep)
+    out = {"entropy": round(entropy_over_support(scored.logp_all, scored.mask).item(), 4),
+           "loss": round(float(np.mean(result.losses)), 4) if result.losses else None}  # fmt: skip
+    for name, other in (("kl_old", before), ("kl_sft", load_vla(reference)[0] if reference else None)):
+        if other is not None:
+            other.eval()
+            out[name] = round(kl_to_reference(scored.logp_all, token_logprobs(other, batch, masks, keep).logp_all,
+                                              scored.mask).item(), 5)  # fmt: skip
+    return replace(result, diagnostics=result.diagnostics | out)
