@@ -87,6 +87,7 @@ def run_continuous(config, stack: LocalStack) -> dict:
     end = max((b for _, b in fleet.acting), default=fleet.started_at)
     idle = idle_seconds(fleet.acting, fleet.started_at, end)
     versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
+    greedy = greedy_comparison(published, tuple(config.tasks), config.greedy_episodes, config.clients)
     return {
         "mode": "continuous",
         "run_s": round(end - fleet.started_at, 1),
@@ -94,12 +95,34 @@ def run_continuous(config, stack: LocalStack) -> dict:
         "fleet_idle_fraction": round(idle / max(1e-9, end - fleet.started_at), 4),
         "versions": versions,
         "success_rise": success_rise(versions),
+        "greedy": greedy,
         "bootstrap": episode_stats(stack.settings.tables_dir, FLEET_PREFIX, "expert"),
         "episodes": fleet.episodes,
         "steps_published": fleet.steps_published,
         "steps_in_delta": fleet.steps_in_delta,
         "model_versions_run": fleet.model_versions,
     }
+
+
+def greedy_comparison(published: list[dict], tasks: tuple[str, ...], episodes: int, browsers: int) -> dict | None:
+    """The first and the last published versions, greedy on the same held-out seeds (`episodes` per task): their
+    success and the paired difference with its 95 % bootstrap CI. Sampled success can rise by the policy
+    sharpening alone; this is the policy the fleet would deploy. None with fewer than two versions."""
+    from core.stats import paired_diff_ci
+    from flywheel.experiment import EVAL_SEED, evaluate_bundle
+
+    if len(published) < 2 or episodes <= 0:
+        return None
+    ends = {}
+    for which, version in (("first", published[0]), ("last", published[-1])):
+        say(f"greedy: {which} version {version['model_version']} on {episodes} held-out seeds per task")
+        report = evaluate_bundle(Path(version["bundle"]), version["model_version"], tasks, episodes, browsers)
+        ends[which] = {"model_version": version["model_version"], "success_rate": round(report["mean_success_rate"], 4),
+                       "success_by_seed": {t: [e == "success" for e in r["termination_by_seed"]]
+                                           for t, r in report["tasks"].items()}}  # fmt: skip
+    diff, lo, hi = paired_diff_ci(ends["last"]["success_by_seed"], ends["first"]["success_by_seed"])
+    return {"first": ends["first"], "last": ends["last"], "diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)],
+            "episodes_per_task": episodes, "seeds": [EVAL_SEED, EVAL_SEED + episodes - 1]}  # fmt: skip
 
 
 def version_entry(published: dict, tables_dir: Path, started_at: float) -> dict:
@@ -125,4 +148,10 @@ def say_summary(report: dict) -> None:
         rate = "-" if v["success_rate"] is None else f"{v['success_rate']:.2f}"
         say(f"  {v['model_version']} ({v['stage']}, at {v['published_after_s']} s, trained {v['train_s']} s): "
             f"{v['episodes']} episodes, success {rate}")  # fmt: skip
-    say(f"success, last version - first: {report['success_rise']}")
+    say(f"sampled success, last version - first: {report['success_rise']}")
+    greedy = report.get("greedy")
+    if greedy:
+        first, last = greedy["first"], greedy["last"]
+        say(f"greedy success on {greedy['episodes_per_task']} held-out seeds per task: {first['model_version']} "
+            f"{first['success_rate']:.3f} -> {last['model_version']} {last['success_rate']:.3f}, paired difference "
+            f"{greedy['diff']:+.3f} (95 % CI {greedy['ci'][0]:+.3f} .. {greedy['ci'][1]:+.3f})")  # fmt: skip

@@ -52,8 +52,11 @@ class DemoConfig:
     """Continuous: the fleet's sampling temperature."""
     top_k: int = 5
     """Continuous: the fleet samples among the k likeliest allowed tokens."""
-    repeats: int = 4
+    repeats: int = 8
     """Continuous: sampled rollouts per (task, seed), the online RL's groups."""
+    greedy_episodes: int = 50
+    """Continuous: at the end, the first and the last published versions run greedily on this many held-out
+    seeds per task, paired (report.json "greedy"; 0: not)."""
     min_demos: int = 96
     """Continuous: successful expert episodes before the first (SFT) version is trained."""
     every_episodes: int = 64

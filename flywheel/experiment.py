@@ -116,6 +116,21 @@ def run_arm(
     return results
 
 
+def evaluate_bundle(bundle: Path, version: str, tasks: tuple[str, ...], episodes: int | dict[str, int],
+                    browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
+    """A model bundle run greedily by onnxruntime, as at the edge, on seeds seed.. (edge_client.evaluate's report)."""
+    from edge_client.env import EnvConfig
+    from edge_client.evaluate import evaluate
+    from policy.runtime import VLAPolicy
+
+    def policies():  # one model session per browser
+        policy = VLAPolicy(bundle, version)
+        return lambda _task: policy
+
+    return evaluate(policies(), tasks, episodes, seed=seed, env_config=EnvConfig(read_dom=False), browsers=browsers,
+                    more_policies=policies)  # fmt: skip
+
+
 def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int | dict[str, int], out: Path,
                    browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
     """Export `model` to OUT/model-<step>.vla, evaluate it greedily on seeds seed.. (the held-out seeds unless
@@ -123,22 +138,12 @@ def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], epis
 
     `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest, with each
     task's `success_by_seed` (episode i on seed + i) for paired comparisons."""
-    from edge_client.env import EnvConfig
-    from edge_client.evaluate import evaluate
     from learner.vla_export import export_bundle
-    from policy.runtime import VLAPolicy
 
     step = meta["step"]
     bundle = export_bundle(model, tok, pruning, out / f"model-{step}.vla")
-    version = f"{meta['arm']}@{step}"
-
-    def policies():  # one model session per browser
-        policy = VLAPolicy(bundle, version)
-        return lambda _task: policy
-
     t0 = time.monotonic()
-    report = evaluate(policies(), tasks, episodes, seed=seed, env_config=EnvConfig(read_dom=False),
-                      browsers=browsers, more_policies=policies)  # fmt: skip
+    report = evaluate_bundle(bundle, f"{meta['arm']}@{step}", tasks, episodes, browsers, seed)
     entry = {
         **meta, "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
         "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},

@@ -207,6 +207,7 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         state.checkpoint, state.version, state.last_publish_at = str(result.checkpoint_path), event.version, started_at
         state.versions.append({"model_version": event.version, "stage": stage, "published_at": event.produced_at,
                                "fresh_episodes": counts.fresh, "train_s": round(event.produced_at - started_at, 1),
+                               "bundle": str(bundle.resolve()),
                                "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)
         published_now += 1

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import polars as pl
+import pytest
 
 from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, samples
@@ -49,7 +50,7 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
     out = tmp_path / "demo"
     args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
-            "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0"]  # fmt: skip
+            "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3"]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -63,6 +64,13 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
     ran = [v for v in report["versions"] if v["episodes"]]
     assert ran and all(0.0 <= v["success_rate"] <= 1.0 for v in ran)
     assert (out / "versions.png").stat().st_size > 0
+    # The first and the last versions, greedy on the same 3 held-out seeds per task, paired.
+    greedy = report["greedy"]
+    assert (greedy["first"]["model_version"], greedy["last"]["model_version"]) == (
+        report["versions"][0]["model_version"], report["versions"][-1]["model_version"])  # fmt: skip
+    assert greedy["diff"] == pytest.approx(greedy["last"]["success_rate"] - greedy["first"]["success_rate"], abs=1e-3)
+    assert greedy["ci"][0] <= greedy["diff"] <= greedy["ci"][1] and greedy["episodes_per_task"] == 3
+    assert all(len(seeds) == 3 for seeds in greedy["last"]["success_by_seed"].values())
 
     episodes = pl.read_delta(table_uri(out / "data" / "tables", EPISODES)).filter(pl.col("policy") == "model")
     groups = episodes.group_by("task", "seed").len()
