@@ -57,22 +57,28 @@ def r_squared(xs: list[float], ys: list[float]) -> float:
 
 def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) -> dict:
     """SOP vs live success over every evaluated checkpoint of a curriculum run (OUT/<arm>/model-<k>.vla with
-    its eval-<k>.json): the experts record `episodes` trajectories per task on the eval seeds once, each
-    checkpoint replays them. Writes OUT/sop.json and OUT/sop.png."""
+    its eval-<k>.json, on the evaluation seeds): the experts record `episodes` trajectories per task on the
+    eval seeds once, each checkpoint replays them. The tasks are the run's RL set (curriculum.json), else
+    those its checkpoints were evaluated on; live success is the mean over them. Writes OUT/sop.json and
+    OUT/sop.png."""
     import json
 
     from edge_client.env import GuiEnv
+    from flywheel.experiment import EVAL_SEED
     from learner.semi_online import sop
 
     points = []
     for eval_path in sorted(curriculum.glob("*/eval-*.json")):
         bundle = eval_path.with_name(eval_path.name.replace("eval-", "model-").replace(".json", ".vla"))
-        if bundle.exists():
-            points.append((eval_path, bundle, json.loads(eval_path.read_text())))
+        entry = json.loads(eval_path.read_text())
+        if bundle.exists() and entry.get("seed", EVAL_SEED) == EVAL_SEED:  # not the RL set's selection
+            points.append((eval_path, bundle, entry))
     if len(points) < 2:
         raise ValueError(f"{curriculum} holds {len(points)} evaluated checkpoints; run `flywheel experiment "
                          f"curriculum --out {curriculum}` first")  # fmt: skip
-    tasks = tuple(points[0][2]["tasks"])
+    run = curriculum / "curriculum.json"
+    rl_set = json.loads(run.read_text()).get("rl_set", {}).get("tasks") if run.exists() else None
+    tasks = tuple(rl_set or points[0][2]["tasks"])
     env = GuiEnv(tasks[0])
     try:
         say(f"sop: the experts record {episodes} trajectories per task on {len(tasks)} tasks")
@@ -84,9 +90,10 @@ def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) ->
     rows = []
     for eval_path, bundle, entry in points:
         result = sop(VLARuntime(bundle), frame)
-        rows.append({"checkpoint": f"{eval_path.parent.name}/{bundle.stem}", "live_success": entry["mean"],
+        live = sum(entry["tasks"][t] for t in tasks) / len(tasks)
+        rows.append({"checkpoint": f"{eval_path.parent.name}/{bundle.stem}", "live_success": live,
                      "sop_success": result["sop_success"], "sop_progress": result["sop_progress"]})  # fmt: skip
-        say(f"  {rows[-1]['checkpoint']}: live {entry['mean']:.3f}, sop success {result['sop_success']:.3f}, "
+        say(f"  {rows[-1]['checkpoint']}: live {live:.3f}, sop success {result['sop_success']:.3f}, "
             f"progress {result['sop_progress']:.3f}")  # fmt: skip
     live = [r["live_success"] for r in rows]
     report = {"checkpoints": rows, "tasks": list(tasks), "trajectories_per_task": episodes,

@@ -68,3 +68,14 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     again = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert {arm: json.loads((out / arm / "state.json").read_text()) for arm in report["arms"]} == states  # resumed
+
+    # SOP vs live success over the run's evaluated checkpoints, on its RL set (not the selection's seeds).
+    sop_out = tmp_path / "sop"
+    sop = subprocess.run([sys.executable, "-m", "flywheel.cli", "experiment", "sop", "--out", str(sop_out),
+                          "--curriculum", str(out), "--episodes", "2"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert sop.returncode == 0, sop.stdout[-3000:] + sop.stderr[-3000:]
+    points = json.loads((sop_out / "sop.json").read_text())
+    # the shared SFT, offline_only's fresh start, and the 3 arms' ends
+    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 5
+    assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
