@@ -9,6 +9,8 @@ Q = r_t + gamma * V(s_{t+1}), scaled by the spread of the group's episode return
 that every rollout took leads to one next screen whose value is the group's: advantage 0, not pushed down
 with a failed episode's wrong last step. A one-step task's advantage is GRPO's.
 
+The surrogate counts the action's tokens (after <act>): the thought is decoded greedily at the edge
+(policy.sampling) and taught by SFT; RefKL, DataBC and the entropy diagnostic span every token.
 Decoupled PPO: each token's ratio is taken against pi_old, the learner's own policy when the update began
 (computed once, before its first step), and clipped; the behaviour log mu the edge recorded when it drew
 the token (a tempered, top-k sampler, possibly an older version from the replay) only weights it,
@@ -41,7 +43,7 @@ import polars as pl
 import torch
 
 from learner.config import VLATrainConfig
-from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.rl_losses import (
     databc_loss,
     entropy_over_support,
@@ -197,7 +199,8 @@ def ppo_update(
             logp, logp_all, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
             mu = behaviour_logprobs(rollouts, batch["labels"], chunk)  # (B, T)
             old_logp = on_labels(old, batch["labels"], chunk)  # (B, T)
-            total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], mask, rl.clip, rl.ratio_cap)
+            acted = mask * action_positions(batch["labels"], tok.act_id)  # (B, T) the surrogate's tokens
+            total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], acted, rl.clip, rl.ratio_cap)
             targets = torch.where(teach[chunk], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
             total = total + train.relevance_weight * target_patch_nll(relevance, targets)
             with torch.no_grad():
@@ -209,7 +212,7 @@ def ppo_update(
                 demo_masks = grammar_masks(tok, demo_batch["labels"], model.cfg.max_thought_tokens)
                 demo_logp, _, demo_mask, _ = token_logprobs(model, demo_batch, demo_masks, keep)
                 total = total + beta * databc_loss(demo_logp, demo_mask)
-            stats.add(logp, old_logp, logp_all, ref_logp_all, mask)
+            stats.add(logp, old_logp, logp_all, ref_logp_all, mask, acted)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             if train.grad_clip > 0:
@@ -236,8 +239,8 @@ class UpdateStats:
     entropy: list[float] = field(default_factory=list)
 
     @torch.no_grad()
-    def add(self, logp, old_logp, logp_all, ref_logp_all, mask) -> None:
-        on = mask > 0
+    def add(self, logp, old_logp, logp_all, ref_logp_all, mask, acted) -> None:
+        on = acted > 0  # the ratios of the tokens the surrogate counts
         log_ratio = (logp - old_logp)[on]  # (n,)
         self.ratios.append(log_ratio.exp())
         self.kl_old.append((log_ratio.exp() - 1 - log_ratio).mean().item())  # k3 estimator of KL(pi_old || pi)

@@ -33,6 +33,13 @@ def grammar_masks(tok: ActionTokenizer, labels: torch.Tensor, max_thought_tokens
     return torch.from_numpy(masks)
 
 
+def action_positions(labels: torch.Tensor, act_id: int) -> torch.Tensor:
+    """(B, T) float: 1 at the labelled positions after each row's <act> (the action's tokens, <eos> included),
+    0 at the thought's and at <act> itself. labels (B, T), IGNORE where unlabelled."""
+    seen_act = (labels == act_id).long().cumsum(1) > 0  # (B, T) at or after <act>
+    return (seen_act & (labels != act_id) & (labels != IGNORE)).float()
+
+
 class Scored(NamedTuple):
     """A teacher-forced batch under the grammar."""
 

@@ -5,10 +5,12 @@ Every generated token is drawn from
     mu(token | prefix) = softmax(top_k(masked_logits / temperature))      (masked: ActionTokenizer.allowed_next)
 
 and its log mu is recorded: the learner's importance ratios pi_theta / mu need the distribution the token
-was actually drawn from, not the model's. Thought tokens are sampled like action tokens: the policy is the
-distribution over the whole generated sequence. Greedy decoding (temperature 0) is deterministic, so
-there is no behaviour density to record; it records the model's own log-probability at temperature 1
-instead, which is what `behaviour_logprob` has always meant for greedy rollouts.
+was actually drawn from, not the model's. Exploration is in the action: the thought (everything before
+<act>, the choice to end it included) is decoded greedily unless `explore_thought` (issue 23: thoughts sampled
+at temperature 1 among the top 5 drifted into babble under RL within 20 PPO updates, and the actions read
+after them with it). Greedy decoding is deterministic, so there is no behaviour density to record; a greedy
+token records the model's own log-probability at temperature 1 instead, which is what `behaviour_logprob`
+has always meant for greedy rollouts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Sampling:
     temperature: float = 0.0
     top_k: int = 0
     seed: int | None = None  # the sampler's seed (None: fresh entropy per policy)
+    explore_thought: bool = False  # sample the thought tokens too (False: the thought is greedy)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -88,7 +91,7 @@ def generate(
     while True:
         allowed = tok.allowed_next(ids, max_thought_tokens, MAX_TEXT_TOKENS)
         masked = np.where(allowed, logits.astype(np.float64), -np.inf)
-        if sampling.greedy:
+        if sampling.greedy or (not sampling.explore_thought and tok.act_id not in ids):
             token = int(np.argmax(masked))
             logprob = float(log_softmax(masked)[token])
         else:

@@ -135,7 +135,8 @@ def test_the_first_step_of_an_update_has_ratio_1_against_the_learners_own_policy
                OnlineRLConfig(guidance="none", epochs=1), sft_path, sft_path, tmp_path / "ppo")  # fmt: skip
 
     logp, old_logp, mu, _, mask = calls[0][:5]
-    on = mask > 0
+    on = mask > 0  # the action's tokens: the thought, greedy at the edge, is not in the surrogate
+    assert 0 < on.sum() < (logp != 0).sum()
     assert torch.allclose(logp.detach()[on], old_logp[on], atol=1e-5)  # ratio 1: nothing clipped at first
     assert (logp.detach()[on] - mu[on]).abs().max() > 0.1  # while pi / mu is not 1: mu is the sampler's
 

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import torch
 
-from learner.policy_logprobs import grammar_masks, token_logprobs
+from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.vla import VLA, VLAConfig
 from learner.vla_export import export_bundle
 from learner.vla_sft import VLADataset
@@ -42,7 +42,10 @@ def untrained(tmp_path_factory):
     return model, tok, pruning, bundle
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=2.0, top_k=5)])
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(temperature=1.0, explore_thought=True), Sampling(temperature=2.0, top_k=5, explore_thought=True)],
+)  # every token drawn
 def test_the_learner_reproduces_the_edges_behaviour_logprobs(untrained, sampling):
     model, tok, pruning, bundle = untrained
     # Unpruned: with pruning, float32 noise between the two backends' relevance can swap one patch at the
@@ -66,7 +69,7 @@ def test_the_learner_reproduces_the_edges_behaviour_logprobs(untrained, sampling
     for row, expected in enumerate(recorded):
         learner = logp[row][mask[row] > 0].numpy()
         assert len(learner) == len(expected)
-        if sampling == Sampling(temperature=1.0):  # on-policy: the ratio is 1 at every token
+        if sampling.temperature == 1.0 and not sampling.top_k:  # on-policy: the ratio is 1 at every token
             # (float32 onnxruntime vs torch kernels differ by ~1e-3 in a log-prob; PPO clips at 0.2)
             assert np.exp(learner - np.array(expected)) == pytest.approx(np.ones(len(expected)), abs=5e-3)
         else:  # tempered / truncated behaviour: a ratio the learner must correct for
@@ -83,3 +86,9 @@ def test_recorded_tokens_refuse_augmented_views(untrained):
     data = VLADataset(pl.DataFrame([row]), tok, model.cfg, pruning)
     with pytest.raises(ValueError, match="cannot be augmented"):
         data.batch(np.arange(1), np.random.default_rng(0), VLATrainConfig(augment_shift_px=4))
+
+
+def test_the_action_positions_are_those_after_act():
+    act, ignore = 3, -100
+    labels = torch.tensor([[ignore, 7, 8, act, 9, 10, 4], [ignore, ignore, act, 11, 4, ignore, ignore]])
+    assert action_positions(labels, act).tolist() == [[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0, 0]]

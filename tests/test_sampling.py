@@ -34,7 +34,7 @@ def test_behaviour_distribution_is_the_tempered_top_k_softmax_of_the_allowed_tok
 
 def test_sampled_first_tokens_follow_the_recorded_distribution(tok):
     logits = fixed_logits(tok)
-    sampling = Sampling(temperature=1.5, top_k=5)
+    sampling = Sampling(temperature=1.5, top_k=5, explore_thought=True)
     rng = np.random.default_rng(1)
     allowed = tok.allowed_next([], MAX_THOUGHT, 24)
     log_mu = behaviour_distribution(np.where(allowed, logits, -np.inf), sampling)
@@ -47,13 +47,29 @@ def test_sampled_first_tokens_follow_the_recorded_distribution(tok):
     assert np.abs(counts / counts.sum() - np.exp(log_mu)).max() < 0.03
 
 
+def test_by_default_the_thought_is_greedy_and_only_the_action_explores(tok):
+    """Without explore_thought every sample shares the greedy thought (each token recorded with the model's own
+    log-probability at temperature 1), and the actions still vary."""
+    logits = fixed_logits(tok)
+    rng = np.random.default_rng(3)
+    samples = [generate(logits, lambda _t: logits, tok, MAX_THOUGHT, Sampling(temperature=1.5, top_k=5), rng)
+               for _ in range(50)]  # fmt: skip
+    thoughts = {tuple(g.ids[: g.ids.index(tok.act_id) + 1]) for g in samples}
+    assert len(thoughts) == 1
+    greedy = generate(logits, lambda _t: logits, tok, MAX_THOUGHT, GREEDY)
+    cut = greedy.ids.index(tok.act_id) + 1
+    assert samples[0].ids[:cut] == greedy.ids[:cut]
+    assert samples[0].token_logprobs[:cut] == pytest.approx(greedy.token_logprobs[:cut])
+    assert len({tuple(g.ids[cut:]) for g in samples}) > 1
+
+
 def test_every_sample_parses_and_the_action_logprob_sums_its_action_tokens(tok):
     rng = np.random.default_rng(2)
     seen = set()
     for seed in range(200):
         steps = iter(range(1000 + 100 * seed, 1100 + 100 * seed))
         gen = generate(fixed_logits(tok, seed), lambda _t, steps=steps: fixed_logits(tok, next(steps)), tok,
-                       MAX_THOUGHT, Sampling(temperature=1.0), rng)  # fmt: skip
+                       MAX_THOUGHT, Sampling(temperature=1.0, explore_thought=True), rng)  # fmt: skip
         parsed = tok.parse(gen.ids)
         seen.add(parsed.action.type)
         start = gen.ids.index(tok.act_id)
