@@ -164,7 +164,7 @@ def test_beta_follows_environment_steps_not_optimizer_steps(sft, tmp_path):
     _, sft_path = sft
     frame = sampled_rows(sft_path, tmp_path)
     train = VLATrainConfig(batch_size=4, lr=1e-3, seed=0, progress_bar=False)
-    rl = OnlineRLConfig(guidance="refkl", beta=0.3, beta_warmup_env_steps=100, beta_anneal_env_steps=100)
+    rl = OnlineRLConfig(guidance="refkl", beta=0.3, beta_warmup_env_steps=100, beta_anneal_env_steps=100, target_kl=0)
     for _ in range(3):
         result = ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / "ppo", env_steps=0)
     assert result.steps >= 12 and result.diagnostics["beta"] == pytest.approx(0.3)
@@ -234,3 +234,14 @@ def test_the_online_update_gives_per_step_credit(sft, tmp_path, monkeypatch):
 def test_dynamic_sampling_weighs_tasks_by_their_recent_informative_groups():
     weights = task_weights({"new": [], "flat": [False] * 6, "mixed": [False, True, True, False, True, True]})
     assert weights.tolist() == pytest.approx([1.0, 0.1, 0.75])
+
+
+def test_an_update_stops_when_its_policy_has_moved_too_far_from_pi_old(sft, tmp_path):
+    """The first minibatch steps from pi_old (KL 0); with a target KL of ~0 the next one is already past it."""
+    _, sft_path = sft
+    frame = sampled_rows(sft_path, tmp_path)
+    train = VLATrainConfig(batch_size=4, lr=1e-3, seed=0, progress_bar=False)
+    cut = ppo_update(frame, train, OnlineRLConfig(guidance="none", target_kl=1e-9), sft_path, sft_path, tmp_path / "a")
+    full = ppo_update(frame, train, OnlineRLConfig(guidance="none", target_kl=0.0), sft_path, sft_path, tmp_path / "b")
+    assert (cut.diagnostics["optimizer_steps"], cut.diagnostics["stopped_early"]) == (1, True)
+    assert full.diagnostics["optimizer_steps"] > 1 and not full.diagnostics["stopped_early"]
