@@ -165,7 +165,9 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
         logged = pl.concat([data.demos, data.rollouts])
         return lambda stop: (train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop), {})
     if update == "ppo":
-        return lambda _stop: (ppo_update(data.rollouts, train, OnlineRLConfig(guidance="refkl"), sft, sft, out), {})
+        # Every step of the update timed: the target-KL stop is a training choice, not a cost.
+        rl = OnlineRLConfig(guidance="refkl", target_kl=0.0)
+        return lambda _stop: (ppo_update(data.rollouts, train, rl, sft, sft, out), {})
     if update == "semi_online":
         # Multi-step trajectories: a round over one-step ones would be a handful of one-step rollouts.
         steps = data.demos.group_by("episode_id").len().filter(pl.col("len") > 1)["episode_id"].to_list()[:16]
