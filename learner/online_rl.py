@@ -65,10 +65,12 @@ class OnlineRLConfig:
     """Offline guidance: 'none' (plain PPO), 'refkl' (KL to the SFT reference) or 'databc' (demo NLL)."""
     beta: float = 0.1
     """beta_0 of the guidance term."""
-    beta_warmup_env_steps: int = 2000
+    beta_warmup_env_steps: int = 4000
     """Environment steps of online rollouts at beta_0 before the anneal starts."""
-    beta_anneal_env_steps: int = 8000
-    """Environment steps over which beta then falls linearly to 0."""
+    beta_anneal_env_steps: int = 12000
+    """Environment steps over which beta then falls linearly to 0: at the ~1,500 own env steps a minute the
+    curriculum's online rounds take here, beta is gone at ~16k, about half of a 21-minute online stage (the
+    paper anneals over the first half of its environment steps too)."""
     clip: float = 0.2
     """PPO's epsilon."""
     ratio_cap: float = 5.0
