@@ -245,3 +245,20 @@ def test_an_update_stops_when_its_policy_has_moved_too_far_from_pi_old(sft, tmp_
     full = ppo_update(frame, train, OnlineRLConfig(guidance="none", target_kl=0.0), sft_path, sft_path, tmp_path / "b")
     assert (cut.diagnostics["optimizer_steps"], cut.diagnostics["stopped_early"]) == (1, True)
     assert full.diagnostics["optimizer_steps"] > 1 and not full.diagnostics["stopped_early"]
+
+
+def test_the_thought_stays_near_sft_while_the_action_trains(sft, tmp_path):
+    """The surrogate trains the action's tokens; the thought's, decoded greedily, are held by a KL to SFT.
+    Without it the shared decoder moved them as far as the actions (the demo's thoughts turned to babble)."""
+    _, sft_path = sft
+    frame = sampled_rows(sft_path, tmp_path)
+    train = VLATrainConfig(batch_size=4, lr=3e-3, seed=0, progress_bar=False)
+
+    def thought_kl_after(weight: float) -> float:
+        rl = OnlineRLConfig(guidance="none", epochs=3, target_kl=0, thought_kl=weight)
+        for _ in range(2):
+            result = ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / f"w{weight}")
+        return result.diagnostics["kl_sft_thought"]
+
+    anchored, free = thought_kl_after(1.0), thought_kl_after(0.0)
+    assert anchored < 0.5 * free, (anchored, free)
