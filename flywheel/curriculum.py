@@ -49,6 +49,7 @@ import polars as pl
 from core.console import say
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
 from core.stats import mean_ci, paired_diff_ci
+from flywheel.experiment import EVAL_SEED
 
 ARMS: dict[str, tuple[str, ...]] = {
     "sft": ("sft", "sft"),
@@ -297,7 +298,7 @@ class Shared:
             raise ValueError(f"no task qualifies for the RL set ({rule}): {rates}")
         say(f"RL set: {', '.join(tasks)}")
         return {"tasks": tasks, "rule": rule, "selection_success": rates, "selection_seeds": seeds,
-                "eval_seeds": [EVAL_SEED_FIRST, EVAL_SEED_FIRST + config.eval_episodes - 1]}  # fmt: skip
+                "eval_seeds": [EVAL_SEED, EVAL_SEED + config.eval_episodes - 1]}  # fmt: skip
 
     @property
     def trajectories(self) -> pl.DataFrame:
@@ -349,9 +350,6 @@ class Shared:
         config = self.config
         tier1 = [t for t in TIER1_TASKS if t in config.tasks and t not in self.rl_set]
         return {t: config.eval_episodes for t in self.rl_set} | {t: config.tier1_episodes for t in tier1}
-
-
-EVAL_SEED_FIRST = 1_000_000  # flywheel.experiment.EVAL_SEED, without importing it at module load
 
 
 def point_summary(entry: dict, rl_set: list[str], tier1_episodes: int) -> dict:

@@ -159,7 +159,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     # The replay: since the publish replay_versions versions ago (the versions' entries are in publish order).
     back = state.versions[-config.replay_versions :] if config.replay_versions > 1 else []
     since = back[0]["published_at"] if len(back) == config.replay_versions else state.last_publish_at
-    rollouts = load_rollouts(tables, ("success", "failure"), versions, since=min(since, state.last_publish_at))
+    rollouts = load_rollouts(tables, ("success", "failure"), versions, since=since)
     rollouts = rollouts.filter(pl.col("tokens").list.len() > 0)  # sampled by a model (not an expert's)
     demos = load_samples(tables, ("demo",), versions) if config.guidance == "databc" else None
     # One online run across updates: its directory keeps the optimizer going.
