@@ -114,24 +114,12 @@ def test_the_first_step_of_an_update_has_ratio_1_against_the_learners_own_policy
     clips against pi_old = pi_theta, so its ratio is 1 at every token (decoupled PPO)."""
     import learner.online_rl as online_rl
 
-    work, sft_path = sft
-    model, tok, pruning = load_vla(sft_path)
-    bundle = export_bundle(model, tok, pruning, tmp_path / "sft.vla")
-    runtime = VLARuntime(bundle, keep_ratio=1.0)
-    rng, rows = np.random.default_rng(1), []
-    for seed in range(6):
-        image, (x0, y0, x1, y1) = box_screen(seed)
-        for g in range(GROUP):
-            gen, _ = runtime.step(image, INSTRUCTION, None, Sampling(temperature=0.7, top_k=5), rng)
-            a = runtime.tok.parse(gen.ids).action
-            rows.append(dict(episode_id=f"r{seed}-{g}", step=0, task="click-box", instruction=INSTRUCTION,
-                             screenshot=encode_png(image), thought="", action_type=a.type, x=a.x, y=a.y,
-                             text=a.text, key=a.key, tokens=gen.ids, token_logprobs=gen.token_logprobs,
-                             seed=seed, success=(g + seed) % 2 == 0))  # fmt: skip
+    _, sft_path = sft
+    rows = sampled_rows(sft_path, tmp_path)
     calls = []
     loss = online_rl.ppo_clip_loss
     monkeypatch.setattr(online_rl, "ppo_clip_loss", lambda *args, **kw: calls.append(args) or loss(*args, **kw))
-    ppo_update(pl.DataFrame(rows), VLATrainConfig(batch_size=8, lr=1e-3, seed=0, progress_bar=False),
+    ppo_update(rows, VLATrainConfig(batch_size=8, lr=1e-3, seed=0, progress_bar=False),
                OnlineRLConfig(guidance="none", epochs=1), sft_path, sft_path, tmp_path / "ppo")  # fmt: skip
 
     logp, old_logp, mu, _, mask = calls[0][:5]
