@@ -53,7 +53,7 @@ from learner.rl_losses import (
     ppo_clip_loss,
     state_value_advantages,
 )
-from learner.vla import target_patch_nll
+from learner.vla import IGNORE, target_patch_nll
 from learner.vla_sft import VLADataset, VLAResult, load_vla, open_run
 from policy.pruning import keep_count
 
@@ -125,7 +125,7 @@ def on_labels(per_row: list[list[float]], labels: torch.Tensor, idx: np.ndarray)
     batch row holding it (0 elsewhere)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
     for row, i in enumerate(idx):
-        positions = torch.nonzero(labels[row] != -100)[:, 0]
+        positions = torch.nonzero(labels[row] != IGNORE)[:, 0]
         values = torch.tensor(per_row[int(i)], dtype=torch.float32)
         if len(values) != len(positions):
             raise ValueError(f"row {int(i)}: {len(values)} log-probs for {len(positions)} tokens")

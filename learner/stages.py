@@ -83,7 +83,8 @@ def run_stage(
                                   stop_at=run.stop_at)  # fmt: skip
         return with_drift(result, data.logged, before, run.reference)
     if kind == "online_rl":
-        rl = replace(online or OnlineRLConfig(), guidance=variant or (online or OnlineRLConfig()).guidance)
+        online = online or OnlineRLConfig()
+        rl = replace(online, guidance=variant or online.guidance)
         if data.rollouts is None or data.rollouts.is_empty():
             # No informative group yet: the model stays as it is (the stage's run is opened and closed).
             unchanged = open_run(run.out_dir, run.train, lambda: load_vla(run.start))
