@@ -228,7 +228,7 @@ def _policy_source(config: EdgeConfig, settings: Settings):
     if config.policy != "model":
         raise ValueError(f"policy must be 'expert' or 'model', got {config.policy!r}")
     from edge_client.model_updates import ModelSwapper, ModelVersionWatcher
-    from policy.interface import load_policy
+    from policy.runtime import load_policy
     from registry.channels import channel_for
 
     channel = config.channel or channel_for(config.client_id, settings.canary_fraction)

@@ -160,7 +160,7 @@ def policy_factory(name: str, model: Path) -> Callable[[], Callable[[str], Any]]
         from edge_client.experts import expert_for
 
         return lambda: expert_for
-    from policy.interface import load_policy
+    from policy.runtime import load_policy
 
     def make() -> Callable[[str], Any]:
         policy = load_policy(model, "bench", intra_op_threads=1)

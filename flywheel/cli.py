@@ -147,7 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         def policies():
             return expert_for
     else:
-        from policy.interface import load_policy
+        from policy.runtime import load_policy
         from registry.store import resolve_model
 
         path, version = resolve_model(config.model, settings.artifacts_dir)

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from policy.sampling import GREEDY, Sampling
+from policy.sampling import Sampling
 from schemas import Action
 
 
@@ -42,12 +42,3 @@ class Policy(Protocol):
     version: str  # model_version recorded on every step ("expert" for scripted oracles)
 
     def act(self, obs: Observation) -> Decision: ...
-
-
-def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None,
-                sampling: Sampling = GREEDY) -> Policy:  # fmt: skip
-    """A `.vla` bundle as a Policy; `keep_ratio` overrides the bundle's visual-token keep ratio; `sampling`
-    greedy (eval) or exploring."""
-    from policy.runtime import VLAPolicy
-
-    return VLAPolicy(path, version, intra_op_threads=intra_op_threads, keep_ratio=keep_ratio, sampling=sampling)

@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 from policy.bundle import WEIGHTS, read_bundle
 from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
-from policy.interface import Decision, Observation
+from policy.interface import Decision, Observation, Policy
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
 from policy.sampling import GREEDY, MAX_NEW_TOKENS, Generation, Sampling, generate
 from policy.screen import POSITIONAL_TYPES, screenshot_to_chw
@@ -209,3 +209,10 @@ class VLAPolicy:
         decision = decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)
         self._history.append(decision.action)
         return decision
+
+
+def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None,
+                sampling: Sampling = GREEDY) -> Policy:  # fmt: skip
+    """A `.vla` bundle as a Policy; `keep_ratio` overrides the bundle's visual-token keep ratio; `sampling`
+    greedy (eval) or exploring."""
+    return VLAPolicy(path, version, intra_op_threads=intra_op_threads, keep_ratio=keep_ratio, sampling=sampling)

@@ -58,7 +58,7 @@ def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path()
 
 
 def test_the_released_model_acts_alike_on_every_screen_of_the_previous_and_the_fast_path() -> None:
-    from policy.interface import load_policy
+    from policy.runtime import load_policy
 
     model = load_policy(RELEASE_DIR / "model.vla", "release")
     tasks = list(TIER1_TASKS) + ["click-tab", "enter-text", "click-button-sequence"]
@@ -142,7 +142,7 @@ def test_a_broken_devtools_connection_loses_at_most_one_episode() -> None:
 
 def test_an_evaluation_reports_the_same_endings_with_one_browser_or_two() -> None:
     from edge_client.evaluate import evaluate
-    from policy.interface import load_policy
+    from policy.runtime import load_policy
 
     def policies():
         model = load_policy(RELEASE_DIR / "model.vla", "release")
