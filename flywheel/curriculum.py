@@ -133,6 +133,10 @@ class CurriculumConfig:
     """An episode still running after this many steps fails."""
     seed: int = 0
     """Seed of the rollouts' sampling, the task draws and the semi-online batches."""
+    tune: bool = False
+    """A tuning run: every curve point is evaluated on the selection seeds (selection_episodes per RL-set task,
+    Tier 1 on the first tier1_episodes of them), its start is the RL-set selection's evaluation, and no figure
+    touches an evaluation seed: what a setting is piloted on before the reported run uses it."""
 
 
 @dataclass
@@ -332,24 +336,36 @@ class Shared:
     def start_point(self) -> dict:
         """The shared SFT evaluated once on the evaluation seeds (OUT/shared/eval-0.json): every SFT arm's curve
         starts there."""
-        from flywheel.experiment import evaluate_model
 
-        path = self.dir / "eval-0.json"
-        if path.exists():
-            entry = json.loads(path.read_text())
-        else:
-            meta = {"arm": "shared-sft", "step": 0, "parameters": self.sft.model.num_parameters()}
-            entry = evaluate_model(self.sft.model, self.sft.tokenizer, self.sft.pruning, meta,
-                                   tuple(self.eval_episodes()), self.eval_episodes(), self.dir,
-                                   self.config.eval_browsers)  # fmt: skip
+        entry = self.start_entry()
         return {"env_steps": self.meta["demo_env_steps"], "spent_s": 0.0, "stage": "sft",
                 **point_summary(entry, self.rl_set, self.config.tier1_episodes)}  # fmt: skip
 
+    def start_entry(self) -> dict:
+        """The shared SFT's evaluation every arm is paired with: on the evaluation seeds (OUT/shared/eval-0.json,
+        evaluated on first use), or in a tuning run the RL-set selection's (every suite task, selection seeds)."""
+        from flywheel.experiment import evaluate_model
+
+        path = self.dir / ("eval-selection.json" if self.config.tune else "eval-0.json")
+        if path.exists():
+            return json.loads(path.read_text())
+        meta = {"arm": "shared-sft", "step": 0, "parameters": self.sft.model.num_parameters()}
+        return evaluate_model(self.sft.model, self.sft.tokenizer, self.sft.pruning, meta, tuple(self.eval_episodes()),
+                              self.eval_episodes(), self.dir, self.config.eval_browsers)  # fmt: skip
+
     def eval_episodes(self) -> dict[str, int]:
-        """Per evaluated task: the RL set at eval_episodes, the other Tier 1 tasks at tier1_episodes."""
+        """Per evaluated task: the RL set at eval_episodes (selection_episodes in a tuning run), the other Tier 1
+        tasks at tier1_episodes."""
         config = self.config
         tier1 = [t for t in TIER1_TASKS if t in config.tasks and t not in self.rl_set]
-        return {t: config.eval_episodes for t in self.rl_set} | {t: config.tier1_episodes for t in tier1}
+        rl_episodes = config.selection_episodes if config.tune else config.eval_episodes
+        tier1_episodes = min(config.tier1_episodes, rl_episodes)
+        return {t: rl_episodes for t in self.rl_set} | {t: tier1_episodes for t in tier1}
+
+    @property
+    def eval_seed(self) -> int:
+        """The first seed every curve point is evaluated on."""
+        return SELECTION_SEED if self.config.tune else EVAL_SEED
 
 
 def point_summary(entry: dict, rl_set: list[str], tier1_episodes: int) -> dict:
@@ -470,7 +486,8 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
 
     def evaluate(model, tok, pruning, label: int) -> dict:
         meta, episodes = {"arm": arm, "step": label, "parameters": model.num_parameters()}, shared.eval_episodes()
-        entry = evaluate_model(model, tok, pruning, meta, tuple(episodes), episodes, out, config.eval_browsers)
+        entry = evaluate_model(model, tok, pruning, meta, tuple(episodes), episodes, out, config.eval_browsers,
+                               seed=shared.eval_seed)  # fmt: skip
         return {"env_steps": shared_env_steps + state.own_env_steps, "spent_s": round(state.spent_s, 1),
                 "stage": state.stage, **point_summary(entry, shared.rl_set, config.tier1_episodes)}  # fmt: skip
 
@@ -523,12 +540,12 @@ def final_success_by_seed(report: dict, arm: str, out: Path) -> dict | None:
     return json.loads(path.read_text())["success_by_seed"] if path and path.exists() else None
 
 
-def paired_to_sft(report: dict, out: Path) -> None:
+def paired_to_sft(report: dict, shared: Shared) -> None:
     """Each arm's final RL-set success minus `sft`'s (vs_sft) and minus the shared SFT's (vs_start), paired on
     the evaluation seeds, with 95 % bootstrap CIs."""
-    rl_set = report["rl_set"]["tasks"]
-    on_rl_set = lambda by_seed: {t: by_seed[t] for t in rl_set}  # noqa: E731
-    start = on_rl_set(json.loads((out / "shared" / "eval-0.json").read_text())["success_by_seed"])
+    rl_set, out = report["rl_set"]["tasks"], shared.config.out
+    on_rl_set = lambda by_seed: {t: by_seed[t][: shared.eval_episodes()[t]] for t in rl_set}  # noqa: E731
+    start = on_rl_set(shared.start_entry()["success_by_seed"])
     baseline = final_success_by_seed(report, "sft", out)
     for arm, entry in report["arms"].items():
         mine = final_success_by_seed(report, arm, out)
@@ -557,12 +574,15 @@ def run_curriculum(config: CurriculumConfig) -> dict:
         report["shared"] = {k: v for k, v in shared.meta.items() if k != "rl_set"}
         report["rl_set"] = {k: shared.meta["rl_set"][k] for k in ("tasks", "rule", "selection_seeds", "eval_seeds")}
         report["rl_set"]["selection_success"] = shared.meta["rl_set"]["selection_success"]
+        if config.tune:  # a pilot: its figures are on the selection seeds, never comparable to a reported run's
+            report["rl_set"]["eval_seeds"] = report["rl_set"]["selection_seeds"]
+            report["tuning"] = "every point evaluated on the selection seeds (--tune)"
         report["start"] = shared.start_point()
         path.write_text(json.dumps(report, indent=2))
         for arm in [] if config.shared_only else names:
             say(f"arm {arm}: stages {' -> '.join(ARMS[arm])}, budget {config.budget_minutes} min")
             report["arms"][arm] = run_arm(arm, shared, env)
-            paired_to_sft(report, config.out)
+            paired_to_sft(report, shared)
             path.write_text(json.dumps(report, indent=2))
     finally:
         env.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -79,3 +80,16 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     # the shared SFT, offline_only's fresh start, and the 3 arms' ends
     assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 5
     assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
+
+    # A tuning run on the same shared part: every point on the selection seeds, none on an evaluation seed.
+    tune_out = tmp_path / "tune"
+    shutil.copytree(out / "shared", tune_out / "shared")
+    tune_args = [a if a != str(out) else str(tune_out) for a in args[:-1]] + ["sft", "--tune"]
+    tuned = subprocess.run(tune_args, capture_output=True, text=True, timeout=600)
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
+    tune_report = json.loads((tune_out / "curriculum.json").read_text())
+    assert tune_report["rl_set"]["eval_seeds"] == [900_000, 900_001] and "selection seeds" in tune_report["tuning"]
+    evaluated = json.loads((tune_out / "sft" / "eval-1.json").read_text())
+    assert evaluated["seed"] == 900_000 and len(evaluated["success_by_seed"][rl_set["tasks"][0]]) == 2
+    start = json.loads((out / "shared" / "eval-selection.json").read_text())
+    assert tune_report["arms"]["sft"]["curve"][0]["per_task"][rl_set["tasks"][0]] == start["tasks"][rl_set["tasks"][0]]
