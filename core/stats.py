@@ -1,4 +1,4 @@
-"""Confidence intervals for success rates measured on seeded episodes (numpy only).
+"""Confidence intervals for success rates measured on seeded episodes, and percentiles of timings (numpy only).
 
 A figure here is the unweighted mean over tasks of each task's success rate (as the tiers are reported), and
 its uncertainty comes from the finite seeds: a stratified bootstrap resamples each task's episodes (with
@@ -9,6 +9,7 @@ difference (a much narrower interval than two independent ones).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -53,3 +54,9 @@ def paired_diff_ci(after: Outcomes, before: Outcomes, level: float = 0.95, resam
     tail = 100 * (1 - level) / 2
     point = float(np.mean([x.mean() for x in a]) - np.mean([y.mean() for y in b]))
     return point, float(np.percentile(diffs, tail)), float(np.percentile(diffs, 100 - tail))
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]

@@ -1,4 +1,4 @@
-"""`flywheel` command line: one subcommand per process of the system."""
+"""`flywheel` command line: one subcommand per process or job of the system."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values
-from core.settings import TASK_ALIASES, TIER1_TASKS, get_settings, parse_tasks
+from core.settings import TASK_ALIASES, get_settings, parse_tasks
 
 TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
 
@@ -26,34 +24,20 @@ class HelpFormatter(DefaultsHelpFormatter):
         return alias or super().format_default(value)
 
 
-# evaluate() takes plain arguments; the command's settings (which policy to load, where the report goes) are here.
-@dataclass(frozen=True)
-class EvalConfig:
-    """`flywheel eval`: which policy, on which tasks and seeds."""
-
-    out: Path
-    """eval.json goes here."""
-    model: str = "latest"
-    """Model file, version id, 'latest' or 'release' (the committed VLA)."""
-    policy: Literal["model", "expert"] = "model"
-    """'model' (the one --model names) or 'expert' (the scripted DOM experts)."""
-    tasks: tuple[str, ...] = TIER1_TASKS
-    """MiniWoB++ task ids and/or 'tier1', 'tier2', 'suite'."""
-    episodes: int = 50
-    """Episodes per task."""
-    seed: int = 1_000_000
-    """Seed of each task's first episode (training runs use small seeds)."""
-    threads: int = 1
-    """Intra-op threads of the model."""
-    keep_ratio: float | None = None
-    """VLA: visual-token keep ratio (None: the bundle's)."""
-    browsers: int = 1
-    """Browsers in parallel (threads, one model session each); the report is the same for any number."""
-    env_path: Literal["fast", "previous"] = "fast"
-    """Environment path: 'fast' or 'previous' (miniwob's own reset and step, to compare; same outcomes)."""
-    sop: bool = False
-    """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
-    and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
+# Each command is a pair: `_name(p)` adds its flags and, right below it, `cmd_name(args)` turns them into the
+# command's config and calls the one function that does the work. Flags are added only when that command runs
+# (main), because deriving them from a config dataclass imports its module: `flywheel edge` on an edge install
+# must not import the learner's torch.
+def _kafka(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument(
+        "--nodes",
+        type=int,
+        choices=range(1, 10),
+        metavar="N",
+        help="local cluster nodes (default: FLYWHEEL_KAFKA_NODES)",
+    )
+    p.set_defaults(func=cmd_kafka)
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -73,11 +57,25 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--loglevel", default="warning")
+    p.set_defaults(func=cmd_process)
+
+
 def cmd_process(args: argparse.Namespace) -> int:
     from processors.worker import run_worker
 
     run_worker(get_settings(), metrics_port=args.metrics_port, loglevel=args.loglevel)
     return 0
+
+
+def _edge(p: argparse.ArgumentParser) -> None:
+    from edge_client.runner import EdgeConfig
+
+    add_config_arguments(p, EdgeConfig, parse=TASKS, rename={"episodes_per_task": "--episodes",
+                         "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"})  # fmt: skip
+    p.set_defaults(func=cmd_edge)
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
@@ -92,7 +90,20 @@ def cmd_edge(args: argparse.Namespace) -> int:
     return 0 if summary.unsent == 0 else 1
 
 
-def cmd_learn(args: argparse.Namespace) -> int:
+def _sft(p: argparse.ArgumentParser) -> None:
+    from learner.config import LearnConfig, VLATrainConfig
+
+    p.add_argument("--recipe", default="demo", help="VLA recipe: 'demo', 'release' (configs/vla_<name>.json) or a path")
+    p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
+    p.add_argument("--summary", help="write the run summary JSON here")
+    add_config_arguments(p, LearnConfig, exclude={"recipe"})
+    # cmd_sft sets log_every (the metrics' cadence), so it is no flag.
+    train = p.add_argument_group("training (VLATrainConfig)", "each one not given keeps the recipe's value")
+    add_config_arguments(train, VLATrainConfig, exclude={"log_every"}, unset=True)
+    p.set_defaults(func=cmd_sft)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
     from learner.config import LearnConfig, VLARecipe, VLATrainConfig
     from learner.train import learn_once
@@ -117,254 +128,12 @@ def cmd_learn(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demonstrations(args: argparse.Namespace) -> int:
-    from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+def _learner(p: argparse.ArgumentParser) -> None:
+    from learner.daemon import DaemonConfig
 
-    report = collect_demonstrations(config_from(args, DemonstrationsConfig), get_settings())
-    print(json.dumps({k: report[k] for k in ("episodes", "steps", "success_rate", "table_versions")}))
-    return 0
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    from flywheel.release import run_release
-    from registry.store import RELEASE_DIR
-
-    release_dir = Path(args.release_dir) if args.release_dir else RELEASE_DIR
-    manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings())
-    print(json.dumps({k: manifest[k] for k in ("version", "sha256", "training", "wall_s")}))
-    return 0
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from edge_client.env import EnvConfig
-    from edge_client.evaluate import evaluate
-
-    config = config_from(args, EvalConfig)
-    settings = get_settings()
-    if config.policy == "expert":
-        from edge_client.experts import expert_for
-
-        def policies():
-            return expert_for
-    else:
-        from policy.runtime import load_policy
-        from registry.store import resolve_model
-
-        path, version = resolve_model(config.model, settings.artifacts_dir)
-
-        def policies():
-            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
-            return lambda _task: model
-
-    def progress(task, index, result) -> None:
-        if (index + 1) % 10 == 0 or index + 1 == config.episodes:
-            print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
-
-    report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
-                      env_config=EnvConfig(path=config.env_path, read_dom=config.policy == "expert"),
-                      browsers=config.browsers,
-                      more_policies=policies)  # fmt: skip
-    report["env_path"] = config.env_path
-    if config.sop:
-        if config.policy != "model":
-            raise SystemExit("--sop measures a model against the experts: it needs --policy model")
-        from flywheel.sop import evaluate_sop
-
-        sop = evaluate_sop(path, config.tasks, config.episodes, config.seed, config.keep_ratio)
-        for task, entry in report["tasks"].items():
-            entry.update({k: v for k, v in sop["tasks"].get(task, {}).items()})
-        report["sop_progress"], report["sop_success"] = sop["sop_progress"], sop["sop_success"]
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
-    for task, entry in report["tasks"].items():
-        print(f"{task:24s} {entry['success_rate']:.3f}  ({entry['episodes']} episodes)")
-    print(f"{'mean':24s} {report['mean_success_rate']:.3f}")
-    speed = f"{report['episodes_per_s']:.2f} episodes/s, {report['wall_s']:.0f} s"
-    print(f"{speed} with {config.browsers} browser(s) on the {config.env_path} path")
-    if config.sop:
-        print(f"{'sop':24s} progress {report['sop_progress']:.3f}, success {report['sop_success']:.3f}")
-    return 0
-
-
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from flywheel.experiment import ExperimentConfig, run_experiment
-
-    run_experiment(config_from(args, ExperimentConfig), get_settings())
-    return 0
-
-
-def cmd_curriculum(args: argparse.Namespace) -> int:
-    from flywheel.curriculum import CurriculumConfig, run_curriculum
-
-    run_curriculum(config_from(args, CurriculumConfig))
-    return 0
-
-
-def cmd_sop_experiment(args: argparse.Namespace) -> int:
-    from flywheel.sop import run_sop_experiment
-
-    run_sop_experiment(args.out, args.curriculum, args.episodes, args.seed)
-    return 0
-
-
-def cmd_canary(args: argparse.Namespace) -> int:
-    from flywheel.canary import run_canary_controller
-
-    run_canary_controller(get_settings(), interval_s=args.interval, once=args.once)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from flywheel.demo import DemoConfig, run_demo
-
-    report = run_demo(config_from(args, DemoConfig), get_settings())
-    phases = report["turns"] + ([report] if report.get("mode") == "continuous" else [])
-    return 0 if all(p["steps_in_delta"] == p["steps_published"] for p in phases) else 1
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from processors.compare import compare_tables, format_diffs
-    from processors.replay import replay
-
-    settings = get_settings()
-    out = Path(args.out)
-    summary = replay(settings, out)
-    print(f"replayed {summary.records} records in {summary.wall_s:.1f} s into {out}: rows {summary.rows}")
-    if args.no_compare:
-        return 0
-    diffs = compare_tables(settings.tables_dir, out, summary.horizon_by_table(settings))
-    print(f"live {settings.tables_dir} vs rebuilt {out} (rows below the replay's end offsets, ingested_at ignored):")
-    print(format_diffs(diffs))
-    return 0 if all(d.equal for d in diffs) else 1
-
-
-def cmd_dlq(args: argparse.Namespace) -> int:
-    from flywheel.dlq import format_dead_letters, read_dead_letters
-
-    letters = read_dead_letters(get_settings(), limit=args.limit)
-    print(json.dumps([d.as_json() for d in letters], indent=2) if args.json else format_dead_letters(letters))
-    return 0
-
-
-def cmd_bench_pipeline(args: argparse.Namespace) -> int:
-    from flywheel.bench_pipeline import BenchConfig, run_bench
-
-    report = run_bench(config_from(args, BenchConfig), get_settings())
-    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
-
-
-def cmd_bench_edge(args: argparse.Namespace) -> int:
-    from flywheel import bench_edge
-
-    config = config_from(args, bench_edge.EdgeBenchConfig)
-    print(bench_edge.format_report(bench_edge.run_bench(config)))
-    print(f"wrote {config.out / 'edge_bench.json'}")
-    return 0
-
-
-def cmd_bench_env(args: argparse.Namespace) -> int:
-    from flywheel.bench_env import EnvBenchConfig, run_bench
-
-    config = config_from(args, EnvBenchConfig)
-    report = run_bench(config)
-    print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
-    print(f"wrote {config.out / 'env_bench.json'}")
-    return 0
-
-
-def cmd_bench_learner(args: argparse.Namespace) -> int:
-    from flywheel.bench_learner import LearnerBenchConfig, run_bench
-
-    config = config_from(args, LearnerBenchConfig)
-    run_bench(config)
-    print(f"wrote {config.out / 'learner_bench.json'}")
-    return 0
-
-
-def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
-    """The baseline consumer process the pipeline benchmark starts."""
-    from flywheel.bench_pipeline import run_bare_consumer
-
-    run_bare_consumer(get_settings())
-    return 0
-
-
-def cmd_maintain(args: argparse.Namespace) -> int:
-    import threading
-
-    from processors.maintenance import MaintenanceConfig, format_report, maintain_every, maintain_tables
-
-    settings, config = get_settings(), config_from(args, MaintenanceConfig)
-
-    def show(report) -> None:
-        print(json.dumps(report.as_json(), indent=2) if args.json else format_report(report), flush=True)
-
-    if args.once:
-        report = maintain_tables(settings, config)
-        show(report)
-        return 0 if report.ok else 1
-    try:
-        maintain_every(settings, args.interval, threading.Event(), config, on_report=show)
-    except KeyboardInterrupt:  # Ctrl-C lands between delta-rs calls, never inside a commit
-        pass
-    return 0
-
-
-def cmd_bench_maintenance(args: argparse.Namespace) -> int:
-    from flywheel.bench_maintenance import MaintenanceBenchConfig, run_bench
-
-    result = run_bench(config_from(args, MaintenanceBenchConfig), get_settings())
-    print(f"wrote {result['config']['out']}/maintenance_bench.json")
-    return 0 if not result["maintenance_error"] else 1
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from flywheel.status import render_status
-
-    print(render_status(get_settings(), args.prometheus))
-    return 0
-
-
-# Each command's flags are added only when that command runs (main), because deriving them from a config
-# dataclass imports its module: `flywheel edge` on an edge install must not import the learner's torch.
-def _kafka(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument(
-        "--nodes",
-        type=int,
-        choices=range(1, 10),
-        metavar="N",
-        help="local cluster nodes (default: FLYWHEEL_KAFKA_NODES)",
-    )
-    p.set_defaults(func=cmd_kafka)
-
-
-def _process(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, default=0)
-    p.add_argument("--loglevel", default="warning")
-    p.set_defaults(func=cmd_process)
-
-
-def _edge(p: argparse.ArgumentParser) -> None:
-    from edge_client.runner import EdgeConfig
-
-    add_config_arguments(p, EdgeConfig, parse=TASKS, rename={"episodes_per_task": "--episodes",
-                         "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"})  # fmt: skip
-    p.set_defaults(func=cmd_edge)
-
-
-def _learn(p: argparse.ArgumentParser) -> None:
-    from learner.config import LearnConfig, VLATrainConfig
-
-    p.add_argument("--recipe", default="demo", help="VLA recipe: 'demo', 'release' (configs/vla_<name>.json) or a path")
     p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
-    p.add_argument("--summary", help="write the run summary JSON here")
-    add_config_arguments(p, LearnConfig, exclude={"recipe"})
-    # cmd_learn sets log_every (the metrics' cadence), so it is no flag.
-    train = p.add_argument_group("training (VLATrainConfig)", "each one not given keeps the recipe's value")
-    add_config_arguments(train, VLATrainConfig, exclude={"log_every"}, unset=True)
-    p.set_defaults(func=cmd_learn)
+    add_config_arguments(p, DaemonConfig)
+    p.set_defaults(func=cmd_learner)
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
@@ -379,24 +148,33 @@ def cmd_learner(args: argparse.Namespace) -> int:
     return 0
 
 
-def _learner(p: argparse.ArgumentParser) -> None:
-    from learner.daemon import DaemonConfig
-
-    p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
-    add_config_arguments(p, DaemonConfig)
-    p.set_defaults(func=cmd_learner)
-
-
 def _eval(p: argparse.ArgumentParser) -> None:
+    from flywheel.experiments.evaluation import EvalConfig
+
     add_config_arguments(p, EvalConfig, parse=TASKS)
     p.set_defaults(func=cmd_eval)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from flywheel.experiments.evaluation import EvalConfig, run_eval
+
+    run_eval(config_from(args, EvalConfig), get_settings())
+    return 0
+
+
 def _demonstrations(p: argparse.ArgumentParser) -> None:
-    from flywheel.demonstrations import DemonstrationsConfig
+    from flywheel.run.release import DemonstrationsConfig
 
     add_config_arguments(p, DemonstrationsConfig, parse=TASKS)
     p.set_defaults(func=cmd_demonstrations)
+
+
+def cmd_demonstrations(args: argparse.Namespace) -> int:
+    from flywheel.run.release import DemonstrationsConfig, collect_demonstrations
+
+    report = collect_demonstrations(config_from(args, DemonstrationsConfig), get_settings())
+    print(json.dumps({k: report[k] for k in ("episodes", "steps", "success_rate", "table_versions")}))
+    return 0
 
 
 def _release(p: argparse.ArgumentParser) -> None:
@@ -406,9 +184,19 @@ def _release(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_release)
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    from flywheel.run.release import run_release
+    from registry.store import RELEASE_DIR
+
+    release_dir = Path(args.release_dir) if args.release_dir else RELEASE_DIR
+    manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings())
+    print(json.dumps({k: manifest[k] for k in ("version", "sha256", "training", "wall_s")}))
+    return 0
+
+
 def _experiment(p: argparse.ArgumentParser) -> None:
-    from flywheel.curriculum import CurriculumConfig
-    from flywheel.experiment import ExperimentConfig
+    from flywheel.experiments.curriculum import CurriculumConfig
+    from flywheel.experiments.experiment import ExperimentConfig
 
     add_config_arguments(p, ExperimentConfig)
     p.set_defaults(func=cmd_experiment)
@@ -431,22 +219,69 @@ def _experiment(p: argparse.ArgumentParser) -> None:
     sop.set_defaults(func=cmd_sop_experiment)
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from flywheel.experiments.experiment import ExperimentConfig, run_experiment
+    from flywheel.run.release import recipe_demonstrations
+
+    settings = get_settings()
+    run_experiment(
+        config_from(args, ExperimentConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
+    )
+    return 0
+
+
+def cmd_curriculum(args: argparse.Namespace) -> int:
+    from flywheel.experiments.curriculum import CurriculumConfig, run_curriculum
+
+    run_curriculum(config_from(args, CurriculumConfig))
+    return 0
+
+
+def cmd_sop_experiment(args: argparse.Namespace) -> int:
+    from flywheel.experiments.sop import run_sop_experiment
+
+    run_sop_experiment(args.out, args.curriculum, args.episodes, args.seed)
+    return 0
+
+
 def _canary(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
     p.add_argument("--once", action="store_true", help="review once and exit")
     p.set_defaults(func=cmd_canary)
 
 
+def cmd_canary(args: argparse.Namespace) -> int:
+    from flywheel.ops.canary import run_canary_controller
+
+    run_canary_controller(get_settings(), interval_s=args.interval, once=args.once)
+    return 0
+
+
 def _demo(p: argparse.ArgumentParser) -> None:
-    from flywheel.demo import DemoConfig
+    from flywheel.run.demo import DemoConfig
 
     add_config_arguments(p, DemoConfig, parse=TASKS)
     p.set_defaults(func=cmd_demo)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flywheel.run.demo import DemoConfig, run_demo
+
+    report = run_demo(config_from(args, DemoConfig), get_settings())
+    phases = report["turns"] + ([report] if report.get("mode") == "continuous" else [])
+    return 0 if all(p["steps_in_delta"] == p["steps_published"] for p in phases) else 1
+
+
 def _status(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus URL for the live rates")
     p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from flywheel.ops.status import render_status
+
+    print(render_status(get_settings(), args.prometheus))
+    return 0
 
 
 def _replay(p: argparse.ArgumentParser) -> None:
@@ -455,10 +290,24 @@ def _replay(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_replay)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from flywheel.ops.replay import replay_and_compare
+
+    return 0 if replay_and_compare(get_settings(), Path(args.out), compare=not args.no_compare) else 1
+
+
 def _dlq(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=100, help="the newest N (0: all)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_dlq)
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from flywheel.ops.dlq import format_dead_letters, read_dead_letters
+
+    letters = read_dead_letters(get_settings(), limit=args.limit)
+    print(json.dumps([d.as_json() for d in letters], indent=2) if args.json else format_dead_letters(letters))
+    return 0
 
 
 def _maintain(p: argparse.ArgumentParser) -> None:
@@ -471,12 +320,20 @@ def _maintain(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_maintain)
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from flywheel.ops.maintain import run_maintenance
+    from processors.maintenance import MaintenanceConfig
+
+    config = config_from(args, MaintenanceConfig)
+    return 0 if run_maintenance(get_settings(), config, args.once, args.interval, args.json) else 1
+
+
 def _bench(p: argparse.ArgumentParser) -> None:
-    from flywheel.bench_edge import EdgeBenchConfig
-    from flywheel.bench_env import EnvBenchConfig
-    from flywheel.bench_learner import LearnerBenchConfig
-    from flywheel.bench_maintenance import MaintenanceBenchConfig
-    from flywheel.bench_pipeline import BenchConfig
+    from flywheel.bench.edge import EdgeBenchConfig
+    from flywheel.bench.env import EnvBenchConfig
+    from flywheel.bench.learner import LearnerBenchConfig
+    from flywheel.bench.maintenance import MaintenanceBenchConfig
+    from flywheel.bench.pipeline import BenchConfig
 
     what = p.add_subparsers(dest="what", required=True)
     kinds = {
@@ -498,11 +355,62 @@ def _bench(p: argparse.ArgumentParser) -> None:
         kind.set_defaults(func=func)
 
 
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from flywheel.bench.pipeline import BenchConfig, run_bench
+
+    report = run_bench(config_from(args, BenchConfig), get_settings())
+    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
+
+
+def cmd_bench_edge(args: argparse.Namespace) -> int:
+    from flywheel.bench import edge as bench_edge
+
+    config = config_from(args, bench_edge.EdgeBenchConfig)
+    print(bench_edge.format_report(bench_edge.run_bench(config)))
+    print(f"wrote {config.out / 'edge_bench.json'}")
+    return 0
+
+
+def cmd_bench_env(args: argparse.Namespace) -> int:
+    from flywheel.bench.env import EnvBenchConfig, run_bench
+
+    config = config_from(args, EnvBenchConfig)
+    report = run_bench(config)
+    print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
+    print(f"wrote {config.out / 'env_bench.json'}")
+    return 0
+
+
+def cmd_bench_learner(args: argparse.Namespace) -> int:
+    from flywheel.bench.learner import LearnerBenchConfig, run_bench
+
+    config = config_from(args, LearnerBenchConfig)
+    run_bench(config)
+    print(f"wrote {config.out / 'learner_bench.json'}")
+    return 0
+
+
+def cmd_bench_maintenance(args: argparse.Namespace) -> int:
+    from flywheel.bench.maintenance import MaintenanceBenchConfig, run_bench
+
+    result = run_bench(config_from(args, MaintenanceBenchConfig), get_settings())
+    print(f"wrote {result['config']['out']}/maintenance_bench.json")
+    return 0 if not result["maintenance_error"] else 1
+
+
+def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
+    """The baseline consumer process the pipeline benchmark starts."""
+    from flywheel.bench.pipeline import run_bare_consumer
+
+    run_bare_consumer(get_settings())
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "kafka": ("the local Kafka broker (KRaft, from Maven Central jars)", _kafka),
     "process": ("run the faust stream processors (steps -> Delta)", _process),
     "edge": ("run one edge client", _edge),
-    "learn": ("train on the Delta tables by SFT and publish a model version", _learn),
+    "sft": ("one SFT run on the Delta tables' demonstrations and successes, published as a model version", _sft),
     "learner": ("the continuous learner: SFT -> offline RL -> online RL, a version every N episodes", _learner),
     "eval": ("success rate per task with the binary reward", _eval),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),

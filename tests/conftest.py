@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-from flywheel.stack import LocalStack, local_stack
+from flywheel.run.stack import LocalStack, local_stack
 from streams import broker
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).

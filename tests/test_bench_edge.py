@@ -1,6 +1,6 @@
 """The edge benchmark's merging of rounds (the rounds themselves run in test_vla_release)."""
 
-from flywheel.bench_edge import median_figures
+from flywheel.bench.edge import median_figures
 
 
 def test_rounds_merge_to_medians_and_keep_each_rounds_step_time():

@@ -8,7 +8,7 @@ import pytest
 from kafka import TopicPartition
 
 from edge_client.model_updates import ModelVersionWatcher
-from flywheel.canary import LiveSuccess, decide, review_canary
+from flywheel.ops.canary import LiveSuccess, decide, review_canary
 from lake.tables import EPISODES
 from processors.delta_sink import DeltaSink, Record
 from processors.rows import episode_row

@@ -110,10 +110,10 @@ def test_unsupported_fields_and_unknown_names_are_refused():
 
 # --- the flywheel commands ---------------------------------------------------------------------------------------
 
-# Fields that are deliberately no flag: the recipe comes from --recipe; cmd_learn fixes the metrics' cadence.
+# Fields that are deliberately no flag: the recipe comes from --recipe; cmd_sft fixes the metrics' cadence.
 NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}}
 UNSET = {"VLATrainConfig"}  # overrides of the recipe's values
-# Flags that tests, scripts (flywheel.fleet, flywheel.demo) and the README use.
+# Flags that tests, scripts (flywheel.run.fleet, flywheel.run.demo) and the README use.
 FLAGS_IN_USE = {
     "edge": "--client-id --tasks --episodes --policy --max-steps --seed --summary --wait-for-model --stop-after-s "
     "--metrics-port",
@@ -121,7 +121,7 @@ FLAGS_IN_USE = {
     "--prometheus-port",
     "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path",
     "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
-    "learn": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
+    "sft": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
     "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
     "bench env": "--out --tasks --episodes-per-task --browsers --paths --policies",
     "bench pipeline": "--events --rate --client-steps-per-s --out",
@@ -150,16 +150,16 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 @pytest.fixture(scope="module")
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
-    from flywheel.bench_edge import EdgeBenchConfig
-    from flywheel.bench_env import EnvBenchConfig
-    from flywheel.bench_learner import LearnerBenchConfig
-    from flywheel.bench_maintenance import MaintenanceBenchConfig
-    from flywheel.bench_pipeline import BenchConfig
-    from flywheel.cli import EvalConfig
-    from flywheel.curriculum import CurriculumConfig
-    from flywheel.demo import DemoConfig
-    from flywheel.demonstrations import DemonstrationsConfig
-    from flywheel.experiment import ExperimentConfig
+    from flywheel.bench.edge import EdgeBenchConfig
+    from flywheel.bench.env import EnvBenchConfig
+    from flywheel.bench.learner import LearnerBenchConfig
+    from flywheel.bench.maintenance import MaintenanceBenchConfig
+    from flywheel.bench.pipeline import BenchConfig
+    from flywheel.experiments.curriculum import CurriculumConfig
+    from flywheel.experiments.evaluation import EvalConfig
+    from flywheel.experiments.experiment import ExperimentConfig
+    from flywheel.run.demo import DemoConfig
+    from flywheel.run.release import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
     from learner.daemon import DaemonConfig
     from processors.maintenance import MaintenanceConfig
@@ -215,8 +215,8 @@ def test_command_lines_parse_into_their_configs(commands, config_classes):
     assert demo == c["DemoConfig"](prometheus=False, tasks=("click-test",))
     bench = config_from(parser.parse_args(["bench", "edge", "--rounds", "1"]), c["EdgeBenchConfig"])
     assert bench == c["EdgeBenchConfig"](rounds=1)
-    # learn: the flags given replace the recipe's values, the rest stay the recipe's.
-    learn = parser.parse_args(["learn", "--steps", "3", "--keep-ratios", "0.5,1", "--no-warm-start"])
+    # sft: the flags given replace the recipe's values, the rest stay the recipe's.
+    learn = parser.parse_args(["sft", "--steps", "3", "--keep-ratios", "0.5,1", "--no-warm-start"])
     recipe = VLARecipe.load("demo", **config_values(learn, c["VLATrainConfig"]))
     assert (recipe.train.steps, recipe.train.keep_ratios) == (3, (0.5, 1.0))
     assert recipe.train.batch_size == VLARecipe.load("demo").train.batch_size

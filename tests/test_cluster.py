@@ -19,7 +19,7 @@ from kafka import TopicPartition
 
 from core.processes import wait_until
 from core.settings import Settings
-from flywheel.stack import LocalStack
+from flywheel.run.stack import LocalStack
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
 from streams import broker

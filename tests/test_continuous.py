@@ -11,7 +11,7 @@ import pytest
 
 from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, samples
-from flywheel.continuous import idle_seconds, success_rise
+from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, table_uri
 
 

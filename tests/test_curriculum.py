@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from flywheel.curriculum import ARMS, choose_rl_set, stage_at, tier_means
+from flywheel.experiments.curriculum import ARMS, choose_rl_set, stage_at, tier_means
 
 
 def test_tier_means_are_over_the_evaluated_tasks_of_each_tier():

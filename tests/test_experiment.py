@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from flywheel.experiment import episode_subset, merged, plot_curves, table
+from flywheel.experiments.experiment import episode_subset, merged, plot_curves, table
 
 
 def test_an_arm_overrides_only_the_settings_it_names():
@@ -47,26 +47,23 @@ def test_the_table_has_a_row_per_arm_and_step_and_the_curves_are_drawn(tmp_path)
 def test_an_unknown_arm_is_refused(tmp_path, monkeypatch):
     import json
 
-    import flywheel.release as release
-    from core.settings import Settings
-    from flywheel.experiment import ExperimentConfig, run_experiment
+    from flywheel.experiments.experiment import ExperimentConfig, run_experiment
 
     frame = pl.DataFrame([{"task": "click-test", "episode_id": "e", "step": 0}])
-    monkeypatch.setattr(release, "release_demonstrations", lambda *a: [])
-    monkeypatch.setattr(release, "demonstration_steps", lambda collections: frame)
     spec = {"demonstrations_from": str(tmp_path / "r.json"), "demonstrations_work": str(tmp_path),
             "tasks": "click-test", "base": {}, "arms": [{"name": "patch"}]}  # fmt: skip
     (tmp_path / "r.json").write_text("{}")
     (tmp_path / "e.json").write_text(json.dumps(spec))
     with pytest.raises(ValueError, match=r"no arms named \['pach'\]"):
-        run_experiment(ExperimentConfig(config=tmp_path / "e.json", work=tmp_path / "w", arms="pach"), Settings())
+        run_experiment(ExperimentConfig(config=tmp_path / "e.json", work=tmp_path / "w", arms="pach"),
+                       lambda recipe, work: frame)  # fmt: skip
 
 
 @pytest.mark.browser
 def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, monkeypatch):
     import numpy as np
 
-    import flywheel.experiment as experiment
+    import flywheel.experiments.experiment as experiment
     from learner.config import VLATrainConfig
     from learner.vla_sft import train_vla
     from policy.screen import encode_png

@@ -27,8 +27,8 @@ from deltalake import DeltaTable
 from kafka import TopicPartition
 
 from core.processes import Child, wait_until
-from flywheel.dlq import read_dead_letters
-from flywheel.stack import LocalStack
+from flywheel.ops.dlq import read_dead_letters
+from flywheel.run.stack import LocalStack
 from lake.queries import step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from processors.compare import compare_tables

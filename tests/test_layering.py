@@ -86,3 +86,131 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (fake_root / "policy" / "bad.py").write_text("def f():\n    from learner.vla import VLA\n")
     monkeypatch.setitem(globals(), "ROOT", fake_root)
     assert violations("policy") == ["policy/bad.py:2 imports learner.vla (floor 4)"]
+
+
+# Inside a package: no module imports another that (directly or not) imports it back. Inside flywheel/ the
+# wings are floors of their own, and an import chain is at most MAX_CHAIN modules long (cli -> command ->
+# building block): each command reads top to bottom, not through a tower of modules.
+WINGS: dict[str, int] = {"ops": 1, "experiments": 2, "run": 3, "bench": 4}
+MAX_CHAIN = 3
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the repository modules it imports (`from a.b import c` counts a.b.c when c is a module)."""
+    names = {module_name(p, root): p for package in FLOORS for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in names:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(names)
+                edges |= subs or {node.module}
+        graph[name] = edges - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def longest_chain(graph: dict[str, set[str]], inside: str) -> list[str]:
+    """The longest import chain among the modules under `inside` (an acyclic graph), as its modules."""
+    local = {v: {w for w in ws if w.startswith(inside + ".")} for v, ws in graph.items() if v.startswith(inside + ".")}
+    best: dict[str, list[str]] = {}
+
+    def chain(v: str) -> list[str]:
+        if v not in best:
+            best[v] = [v] + max((chain(w) for w in local[v]), key=len, default=[])
+        return best[v]
+
+    return max((chain(v) for v in sorted(local)), key=len, default=[])
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[str]:
+    """flywheel.<wing> modules importing a wing on their floor (another one) or above."""
+    found = []
+    for v, ws in sorted(graph.items()):
+        mine = v.split(".")[1] if v.startswith("flywheel.") and v.count(".") >= 2 else None
+        for w in sorted(ws):
+            theirs = w.split(".")[1] if w.startswith("flywheel.") and w.count(".") >= 2 else None
+            if mine in WINGS and theirs in WINGS and mine != theirs and WINGS[theirs] >= WINGS[mine]:
+                found.append(f"{v} imports {w} (wing {theirs} is not below {mine})")
+    return found
+
+
+def test_no_module_imports_itself_back():
+    assert circles(module_graph(ROOT)) == []
+
+
+def test_flywheel_is_in_wings_each_importing_only_downward():
+    tops = {p.name for p in (ROOT / "flywheel").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert tops == set(WINGS)
+    loose = sorted(p.name for p in (ROOT / "flywheel").glob("*.py") if p.name not in ("__init__.py", "cli.py"))
+    assert loose == [], f"flywheel/ modules outside a wing: {loose}"
+    assert wing_violations(module_graph(ROOT)) == []
+
+
+@pytest.mark.parametrize("wing", sorted(WINGS))
+def test_each_wing_is_under_1500_lines(wing):
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "flywheel" / wing).rglob("*.py"))
+    assert lines < 1500, f"flywheel/{wing}/ holds {lines} lines"
+
+
+def test_no_import_chain_inside_flywheel_is_deeper_than_three():
+    chain = longest_chain(module_graph(ROOT), "flywheel")
+    assert len(chain) <= MAX_CHAIN, " -> ".join(chain)
+
+
+def test_the_graph_checks_see_a_circle_a_deep_chain_and_an_upward_wing(tmp_path, monkeypatch):
+    for package in FLOORS:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "policy" / "a.py").write_text("from policy.b import x\n")
+    (tmp_path / "policy" / "b.py").write_text("def f():\n    import policy.a\n")
+    for wing in ("run", "ops"):
+        (tmp_path / "flywheel" / wing).mkdir()
+        (tmp_path / "flywheel" / wing / "__init__.py").write_text("")
+    (tmp_path / "flywheel" / "cli.py").write_text("from flywheel.run import demo\n")
+    (tmp_path / "flywheel" / "run" / "demo.py").write_text("from flywheel.run.fleet import run_fleet\n")
+    (tmp_path / "flywheel" / "run" / "fleet.py").write_text("from flywheel.run import stack\n")
+    (tmp_path / "flywheel" / "run" / "stack.py").write_text("")
+    (tmp_path / "flywheel" / "ops" / "status.py").write_text("from flywheel.run.stack import LocalStack\n")
+    graph = module_graph(tmp_path)
+    assert circles(graph) == [["policy.a", "policy.b"]]
+    assert longest_chain(graph, "flywheel") == ["flywheel.cli", "flywheel.run.demo", "flywheel.run.fleet",
+                                                "flywheel.run.stack"]  # fmt: skip
+    assert wing_violations(graph) == ["flywheel.ops.status imports flywheel.run.stack (wing run is not below ops)"]

@@ -20,7 +20,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from core.processes import wait_until
 from core.settings import Settings
-from flywheel.bench_maintenance import rows_at
+from flywheel.bench.maintenance import rows_at
 from lake.pins import live_pins, pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from learner.data import load_samples, table_versions

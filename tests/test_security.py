@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from core.processes import wait_until
 from core.settings import Settings
-from flywheel.stack import local_stack
+from flywheel.run.stack import local_stack
 from lake.queries import step_count
 from processors.faust_app import auth_options
 from schemas import encode_event

@@ -98,7 +98,7 @@ def test_semi_online_updates_raise_the_match_rate_without_an_environment(tmp_pat
 
 
 def test_r_squared_of_a_line_and_of_noise():
-    from flywheel.sop import r_squared
+    from flywheel.experiments.sop import r_squared
 
     assert r_squared([0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
     assert r_squared([0.0, 1.0, 2.0], [1.0, 0.0, 1.0]) == pytest.approx(0.0)  # the best line is flat
@@ -106,7 +106,7 @@ def test_r_squared_of_a_line_and_of_noise():
 
 def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
     from edge_client.env import GuiEnv
-    from flywheel.sop import evaluate_sop, expert_trajectories
+    from flywheel.experiments.evaluation import evaluate_sop, expert_trajectories
 
     env = GuiEnv("click-test")
     try:

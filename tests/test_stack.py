@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings, settings_env
-from flywheel.stack import local_stack
+from flywheel.run.stack import local_stack
 from streams import broker
 from streams.topics import topics_for
 

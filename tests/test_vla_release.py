@@ -112,7 +112,7 @@ def test_bench_edge_reports_every_variant_side_by_side(release, tmp_path):
 def test_learner_publishes_a_vla_bundle_that_an_edge_client_hot_swaps_in(release, tmp_path):
     root, _, _ = release
     env = {"FLYWHEEL_DATA_DIR": str(root / "work" / "demonstrations-0" / "data")}  # the release's Delta tables
-    learned = flywheel("learn", "--steps", "3", "--batch-size", "4", "--metrics-port", "-1",
+    learned = flywheel("sft", "--steps", "3", "--batch-size", "4", "--metrics-port", "-1",
                        "--summary", str(tmp_path / "learn.json"), env=env)  # fmt: skip
     assert learned.returncode == 0, learned.stderr[-3000:]
     summary = json.loads((tmp_path / "learn.json").read_text())

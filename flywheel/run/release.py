@@ -1,10 +1,13 @@
-"""`flywheel release`: the reproducible trained VLA, from nothing to a committed artifact, with one command.
+"""`flywheel release`: the reproducible trained VLA, from nothing to a committed artifact, with one command;
+`flywheel demonstrations`: its first stage alone.
 
-    1. expert demonstrations on the training suite through Kafka -> faust -> Delta (flywheel.demonstrations)
+    1. expert demonstrations on the training suite through Kafka -> faust -> Delta: a local stack runs a
+       fleet of edge clients with the scripted DOM experts, waits until every step is in Delta, stops and
+       writes DIR/demonstrations.json (what was collected and the Delta table versions that hold it); a
+       finished collection is reused (running again with the same settings does nothing)
     2. VLA SFT reading them from Delta at the recorded table versions (learner.vla_sft), resumable
     3. export the `.vla` bundle and its int8 variant, write manifest.json (config, seed, table versions,
        sha256, CPU time) next to them
-
 Every stage resumes: a finished collection is reused, training continues from its checkpoint.
 """
 
@@ -14,18 +17,81 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
 
-from core.console import say
-from core.settings import Settings, parse_tasks
-from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+from core.console import jsonable, say
+from core.settings import SUITE_TASKS, Settings, parse_tasks
+from flywheel.run.fleet import FleetRun, run_fleet
+from flywheel.run.stack import local_stack
 from learner.config import VLARecipe
-from learner.data import load_samples
+from learner.data import load_samples, table_versions
 from learner.vla_export import export_bundle, quantize_bundle
 from learner.vla_sft import save_weights, train_vla
+
+REPORT_NAME = "demonstrations.json"
+
+
+@dataclass(frozen=True)
+class DemonstrationsConfig:
+    out: Path = Path("runs/demonstrations")
+    """Tables (out/data), logs and the report go here."""
+    tasks: tuple[str, ...] = SUITE_TASKS
+    """Tasks to demonstrate (default: Tier 1 and Tier 2 of the training suite)."""
+    episodes_per_task: int = 100
+    """Episodes per task and client."""
+    clients: int = 2
+    """Edge clients, one browser each."""
+    seed: int = 0
+    """Client k runs seeds seed + k * 100_000 + i: training seeds stay far below the eval seeds (1,000,000+)."""
+    max_steps: int = 12
+    """An episode still running after this many steps ends as a failure."""
+
+
+def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> dict:
+    report_path = config.out / REPORT_NAME
+    wanted = jsonable({k: v for k, v in asdict(config).items() if k != "out"})
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        if report.get("config") == wanted:
+            say(f"demonstrations already collected: {report_path}")
+            return {**report, "tables_dir": str(config.out / report["tables_dir"])}
+        raise RuntimeError(f"{report_path} holds a different collection; choose another --out")
+    config.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with local_stack(settings, config.out / "logs", run="demos", data_dir=config.out / "data") as stack:
+        settings = stack.settings
+        fleet = run_fleet(
+            FleetRun(
+                name="demos",
+                prefix="demo-",
+                clients=config.clients,
+                tasks=config.tasks,
+                episodes_per_task=config.episodes_per_task,
+                policy="expert",
+                seed=config.seed,
+                seed_stride=100_000,
+                max_steps=config.max_steps,
+                drain_timeout_s=900.0,
+            ),
+            stack, config.out,
+        )  # fmt: skip
+    report = {
+        "config": wanted,
+        "tables_dir": str(settings.tables_dir.relative_to(config.out.resolve())),  # the collection may move
+        "table_versions": table_versions(settings.tables_dir),
+        "episodes": fleet.episodes,
+        "steps": fleet.steps_in_delta,
+        "success_rate": fleet.success_rate,
+        "per_task": fleet.per_task,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    report_path.write_text(json.dumps(report, indent=2))
+    report["tables_dir"] = str(settings.tables_dir)
+    say(f"{fleet.episodes} expert episodes, {fleet.steps_in_delta} steps in Delta ({report['wall_s']:.0f} s)")
+    return report
 
 
 def _collection(entry: dict, seed: int) -> dict:
@@ -53,6 +119,12 @@ def demonstration_steps(collections: list[dict]) -> pl.DataFrame:
     return pl.concat(
         [load_samples(Path(c["tables_dir"]), ("demo",), c["table_versions"]) for c in collections], how="vertical"
     )
+
+
+def recipe_demonstrations(raw: dict, work: Path, settings: Settings) -> pl.DataFrame:
+    """The demonstration steps a recipe names, collected into work (or reused): what `flywheel experiment` trains
+    its arms on."""
+    return demonstration_steps(release_demonstrations(raw, work, settings))
 
 
 def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:

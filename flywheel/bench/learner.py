@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import TIER1_TASKS
-from flywheel.bench_env import Profiler
+from flywheel.bench.env import Profiler
+from flywheel.experiments.evaluation import run_episodes
 
 UPDATES = ("sft", "offline_rl", "ppo", "semi_online")
 DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")
@@ -110,7 +111,6 @@ class BenchData:
 def collect_demos(tasks: tuple[str, ...], per_task: int, seed: int):
     from edge_client.env import GuiEnv
     from edge_client.experts import expert_for
-    from flywheel.curriculum import run_episodes
 
     with GuiEnv(tasks[0]) as env:
         demos, _ = run_episodes(env, expert_for, tasks, range(seed, seed + per_task), 1, "expert", "demo", 10)
@@ -120,7 +120,6 @@ def collect_demos(tasks: tuple[str, ...], per_task: int, seed: int):
 def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> BenchData:
     """A short SFT of the recipe on the demonstrations, and its sampled rollouts (4 per seed, 2 seeds a task)."""
     from edge_client.env import EnvConfig, GuiEnv
-    from flywheel.curriculum import run_episodes
     from learner.vla_export import export_bundle
     from learner.vla_sft import train_vla
     from policy.runtime import VLAPolicy

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from core.settings import TIER1_TASKS
-from flywheel.bench_pipeline import percentile
+from core.stats import percentile
 from registry.store import RELEASE_DIR
 
 VARIANTS = ("torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8")
@@ -134,7 +134,7 @@ def run_bench(config: EdgeBenchConfig) -> dict:
         for round_ in range(config.rounds):
             for variant in VARIANTS if round_ % 2 == 0 else reversed(VARIANTS):
                 out = Path(tmp) / f"{variant}.json"
-                cmd = [sys.executable, "-m", "flywheel.bench_edge", variant, str(config.model_dir), str(data),
+                cmd = [sys.executable, "-m", "flywheel.bench.edge", variant, str(config.model_dir), str(data),
                        str(out), str(config.repeats), str(config.threads)]  # fmt: skip
                 subprocess.run(cmd, check=True)
                 runs[variant].append(json.loads(out.read_text()))
@@ -184,7 +184,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # one variant, in its own process: python -m flywheel.bench_edge VARIANT DIR NPZ OUT R T
+if __name__ == "__main__":  # one variant, in its own process: python -m flywheel.bench.edge VARIANT DIR NPZ OUT R T
     variant, model_dir, data, out, repeats, threads = sys.argv[1:7]
     loaded = np.load(data)
     figures = run_variant(variant, Path(model_dir), loaded["screens"], [str(s) for s in loaded["instructions"]],

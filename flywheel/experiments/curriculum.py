@@ -49,7 +49,7 @@ import polars as pl
 from core.console import say
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
 from core.stats import mean_ci, paired_diff_ci
-from flywheel.experiment import EVAL_SEED
+from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model, run_episodes, sampling_policy
 
 ARMS: dict[str, tuple[str, ...]] = {
     "sft": ("sft", "sft"),
@@ -66,9 +66,6 @@ DEFAULT_ARMS = ("sft", "sft_offline", "sft_ppo", "sft_offline_ppo", "sft_offline
                 "sft_semi_online")  # fmt: skip
 # Seed ranges: demonstrations 0.., the logged fleet, online rounds, RL-set selection; evaluation 1,000,000+.
 LOG_SEED, ROUND_SEED, SELECTION_SEED = 500_000, 600_000, 900_000
-COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y",
-           "text", "key", "tokens", "token_logprobs", "seed", "model_version", "purpose", "weight", "score",
-           "success", "target_box", "verify_ok"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -196,60 +193,11 @@ def stage_at(stages: tuple[str, ...], spent: float, budget: float, offline_share
     return after_sft[0] if spent < offline_share * budget else after_sft[1]
 
 
-def episode_rows(result, episode_id: str, version: str) -> list[dict]:
-    """The rows (COLUMNS) of one episode run by edge_client.episode, as the pipeline would write and score them."""
-    from edge_client.runner import step_event
-    from processors.rows import step_row
-    from processors.scoring import EpisodeProgress, score_episode
-
-    events = [step_event(r, "curriculum", episode_id, result.task, result.seed, version) for r in result.records]
-    progress = EpisodeProgress()
-    for event in events:
-        progress.add(event)
-    scored = score_episode(events[-1], progress)
-    purpose = "demo" if version == "expert" else ("success" if scored.success else "failure")
-    extra = {"purpose": purpose, "weight": 1.0, "score": scored.score, "success": scored.success}
-    return [{k: v for k, v in step_row(e, 0, 0).items() if k in COLUMNS} | extra for e in events]
-
-
-def to_frame(rows: list[dict]) -> pl.DataFrame:
-    from learner.data import ROLLOUT_TYPES
-
-    types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32), "verify_ok": pl.Boolean, "x": pl.Float64,
-                             "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64}  # fmt: skip
-    return pl.DataFrame(rows, schema_overrides=types, infer_schema_length=None).select(COLUMNS)
-
-
-def run_episodes(env, policy_for, tasks, seeds, repeats: int, version: str, tag: str, max_steps: int):
-    """(rows frame, env steps): every task x seed x repeat through the fleet's loop."""
-    from edge_client.episode import run_episode
-
-    rows, env_steps = [], 0
-    for task in tasks:
-        for seed in seeds:
-            for r in range(repeats):
-                result = run_episode(env, policy_for(task), task, seed, max_steps)
-                env_steps += result.steps
-                rows += episode_rows(result, f"{tag}-{task}-{seed}-{r}", version)
-    return to_frame(rows), env_steps
-
-
-def sampling_policy(model, tok, pruning, version: str, bundle: Path, temperature: float, top_k: int, seed: int):
-    """The model exported to `bundle` and run by onnxruntime as at the edge, sampling."""
-    from learner.vla_export import export_bundle
-    from policy.runtime import VLAPolicy
-    from policy.sampling import Sampling
-
-    export_bundle(model, tok, pruning, bundle)
-    return VLAPolicy(bundle, version, sampling=Sampling(temperature, top_k, seed=seed))
-
-
 class Shared:
     """The demonstrations, the SFT model, the RL set and the logged fleet every arm starts from (OUT/shared/)."""
 
     def __init__(self, config: CurriculumConfig, env):
         from edge_client.experts import expert_for
-        from flywheel.experiment import evaluate_model
         from learner.config import VLARecipe
         from learner.vla_sft import train_vla
 
@@ -344,7 +292,6 @@ class Shared:
     def start_entry(self) -> dict:
         """The shared SFT's evaluation every arm is paired with: on the evaluation seeds (OUT/shared/eval-0.json,
         evaluated on first use), or in a tuning run the RL-set selection's (every suite task, selection seeds)."""
-        from flywheel.experiment import evaluate_model
 
         path = self.dir / ("eval-selection.json" if self.config.tune else "eval-0.json")
         if path.exists():
@@ -464,7 +411,6 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
 
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
-    from flywheel.experiment import evaluate_model
     from learner.vla_export import export_bundle
     from learner.vla_sft import load_vla, train_vla
 

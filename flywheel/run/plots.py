@@ -12,12 +12,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 
-def write_plots(out: Path, report: dict, tables_dir: Path, prometheus_url: str | None) -> list[Path]:
+# query_range(promql, start, end, step_s) -> Prometheus' range result (flywheel.ops.observe), None: no Prometheus
+QueryRange = Callable[[str, float, float, float], list[dict]]
+
+
+def write_plots(out: Path, report: dict, tables_dir: Path, query_range: QueryRange | None) -> list[Path]:
     """Write the PNGs; a plot that fails is logged, never fails the demo."""
     import matplotlib
 
@@ -27,14 +32,14 @@ def write_plots(out: Path, report: dict, tables_dir: Path, prometheus_url: str |
     for name, draw in (first, ("pipeline.png", _pipeline)):
         path = out / name
         try:
-            draw(path, report, tables_dir, prometheus_url)
+            draw(path, report, tables_dir, query_range)
             written.append(path)
         except Exception as error:  # noqa: BLE001 - pictures are a courtesy
             log.warning("could not draw %s: %s", name, error)
     return written
 
 
-def _success(path: Path, report: dict, _tables_dir: Path, _url: str | None) -> None:
+def _success(path: Path, report: dict, _tables_dir: Path, _query: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
 
     turns = report["turns"]
@@ -75,17 +80,16 @@ def _success(path: Path, report: dict, _tables_dir: Path, _url: str | None) -> N
     plt.close(fig)
 
 
-def _versions(path: Path, report: dict, tables_dir: Path, _url: str | None) -> None:
+def _versions(path: Path, report: dict, tables_dir: Path, _query: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
     import polars as pl
 
-    from flywheel.continuous import FLEET_PREFIX
     from lake.tables import EPISODES, table_uri
 
     episodes = (
         pl.scan_delta(table_uri(tables_dir, EPISODES))
-        .filter(pl.col("client_id").str.starts_with(FLEET_PREFIX))
+        .filter(pl.col("client_id").str.starts_with(report["fleet_prefix"]))
         .select("produced_at", "model_version", "success")
         .sort("produced_at")
         .collect()
@@ -124,7 +128,7 @@ def _versions(path: Path, report: dict, tables_dir: Path, _url: str | None) -> N
     plt.close(fig)
 
 
-def _pipeline(path: Path, report: dict, tables_dir: Path, url: str | None) -> None:
+def _pipeline(path: Path, report: dict, tables_dir: Path, query_range: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
     import polars as pl
@@ -156,11 +160,8 @@ def _pipeline(path: Path, report: dict, tables_dir: Path, url: str | None) -> No
     ax_e2e.legend(fontsize=8)
 
     drawn = False
-    if url:
-        from flywheel.observe import query_range
-
+    if query_range:
         series = query_range(
-            url,
             "max by (consumergroup) (consumergroup_topic:kafka_consumergroup_lag:sum)",
             t0,
             t0 + end,

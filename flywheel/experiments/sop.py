@@ -1,46 +1,12 @@
-"""SOP at eval time: the DOM experts record their trajectories on the eval tasks and seeds, the model replays
-them on its own (learner.semi_online.sop: stop at the first mismatch). `flywheel eval --sop`."""
+"""`flywheel experiment sop`: SOP (flywheel.experiments.evaluation.evaluate_sop) against live success over a
+curriculum run's checkpoints: does the offline proxy rank models as the environment does?"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
-
 from core.console import say
-
-
-def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, max_steps: int = 12) -> pl.DataFrame:
-    """The experts' successful episodes on seeds seed .. seed + episodes - 1 of every task, as step rows
-    (learner.semi_online.TRAJECTORY_COLUMNS): the screens, actions and element boxes a model is matched on."""
-    from edge_client.env import task_name
-    from edge_client.experts import expert_for
-    from flywheel.curriculum import run_episodes
-
-    frames = []
-    for task in tasks:
-        frame, _ = run_episodes(env, expert_for, [task_name(task)], range(seed, seed + episodes), 1, "expert",
-                                "sop", max_steps)  # fmt: skip
-        frames.append(frame.filter(pl.col("success")))
-    return pl.concat(frames)
-
-
-def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
-                 keep_ratio: float | None = None, env=None) -> dict:  # fmt: skip
-    """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
-    from edge_client.env import GuiEnv
-    from learner.semi_online import sop
-    from policy.runtime import VLARuntime
-
-    own = env is None
-    env = env or GuiEnv(tasks[0])
-    try:
-        say(f"sop: the experts record {episodes} trajectories per task")
-        frame = expert_trajectories(env, tasks, episodes, seed)
-    finally:
-        if own:
-            env.close()
-    return sop(VLARuntime(bundle, keep_ratio=keep_ratio), frame)
+from flywheel.experiments.evaluation import EVAL_SEED, expert_trajectories
 
 
 def r_squared(xs: list[float], ys: list[float]) -> float:
@@ -64,7 +30,6 @@ def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) ->
     import json
 
     from edge_client.env import GuiEnv
-    from flywheel.experiment import EVAL_SEED
     from learner.semi_online import sop
 
     points = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import glob
 import json
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,9 +27,9 @@ import numpy as np
 import polars as pl
 
 from core.console import say
-from core.settings import Settings, parse_tasks
+from core.settings import parse_tasks
+from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model
 
-EVAL_SEED = 1_000_000  # eval seeds: demonstrations use seeds below 1,000,000
 DIAGNOSE_EPISODES = 40
 
 
@@ -114,47 +114,6 @@ def run_arm(
         entry = evaluate_model(result.model, result.tokenizer, result.pruning, meta, tasks, episodes, out, browsers)
         results.append(entry)
     return results
-
-
-def evaluate_bundle(bundle: Path, version: str, tasks: tuple[str, ...], episodes: int | dict[str, int],
-                    browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
-    """A model bundle run greedily by onnxruntime, as at the edge, on seeds seed.. (edge_client.evaluate's report)."""
-    from edge_client.env import EnvConfig
-    from edge_client.evaluate import evaluate
-    from policy.runtime import VLAPolicy
-
-    def policies():  # one model session per browser
-        policy = VLAPolicy(bundle, version)
-        return lambda _task: policy
-
-    return evaluate(policies(), tasks, episodes, seed=seed, env_config=EnvConfig(read_dom=False), browsers=browsers,
-                    more_policies=policies)  # fmt: skip
-
-
-def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int | dict[str, int], out: Path,
-                   browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
-    """Export `model` to OUT/model-<step>.vla, evaluate it greedily on seeds seed.. (the held-out seeds unless
-    told otherwise; `episodes` per task, or a count for each), write OUT/eval-<step>.json.
-
-    `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest, with each
-    task's `success_by_seed` (episode i on seed + i) for paired comparisons."""
-    from learner.vla_export import export_bundle
-
-    step = meta["step"]
-    bundle = export_bundle(model, tok, pruning, out / f"model-{step}.vla")
-    t0 = time.monotonic()
-    report = evaluate_bundle(bundle, f"{meta['arm']}@{step}", tasks, episodes, browsers, seed)
-    entry = {
-        **meta, "bundle_mb": round(bundle.stat().st_size / 1e6, 2), "eval_wall_s": round(time.monotonic() - t0, 1),
-        "episodes_per_task": episodes, "tasks": {t: r["success_rate"] for t, r in report["tasks"].items()},
-        "episodes_per_s": report["episodes_per_s"], "browsers": browsers, "seed": seed,
-        "mean": report["mean_success_rate"],
-        "success_by_seed": {t: [end == "success" for end in r["termination_by_seed"]]
-                            for t, r in report["tasks"].items()},
-    }  # fmt: skip
-    (out / f"eval-{step}.json").write_text(json.dumps(entry, indent=2))
-    say(f"arm {meta['arm']} @ {step}: mean {entry['mean']:.3f}")
-    return entry
 
 
 def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, work: Path,
@@ -272,9 +231,9 @@ def pointing_diagnostic(arm_dir: Path, task: str, episodes: int) -> dict:
             "relevance_top5": top5 / episodes, "click_in_target_patch": clicked / episodes}  # fmt: skip
 
 
-def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
-    from flywheel.release import demonstration_steps, release_demonstrations
-
+def run_experiment(config: ExperimentConfig, demonstrations: Callable[[dict, Path], pl.DataFrame]) -> list[dict]:
+    """`demonstrations(recipe, work)`: the demonstration steps a release recipe names, collected into work (or
+    reused) exactly as `flywheel release` does (flywheel.run.release.recipe_demonstrations)."""
     spec = json.loads(config.config.read_text())
     if config.diagnose:
         arms = [config.work / a["name"] for a in spec["arms"] if any((config.work / a["name"]).glob("model-*.vla"))]
@@ -295,9 +254,8 @@ def run_experiment(config: ExperimentConfig, settings: Settings) -> list[dict]:
         print(table(entries))
         return entries
     source = json.loads(Path(spec["demonstrations_from"]).read_text())
-    collections = release_demonstrations(source, Path(spec["demonstrations_work"]), settings)
     tasks = parse_tasks(spec["tasks"])
-    frame = demonstration_steps(collections).filter(pl.col("task").is_in(list(tasks)))
+    frame = demonstrations(source, Path(spec["demonstrations_work"])).filter(pl.col("task").is_in(list(tasks)))
     if frame.is_empty():
         raise ValueError(f"no demonstration steps of {tasks} in {spec['demonstrations_work']}")
     wanted = {a for a in config.arms.split(",") if a}

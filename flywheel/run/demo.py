@@ -4,23 +4,37 @@ Turns (the default): turn 1, the fleet runs the scripted experts; their steps fl
 the learner trains the first model by SFT and publishes it. Each later turn: the fleet runs the newest model
 (received over Kafka, checked, hot-swapped), and the learner trains on everything so far.
 
-`--minutes M`: continuous instead (flywheel.continuous): fleet, pipeline and learner daemon side by side.
+`--minutes M`: continuous instead, the flywheel turning by itself, fleet, pipeline and learner side by side:
+
+    edge clients (model policy, sampling, R rollouts per seed) --steps--> faust --> Delta tables
+        ^  the scripted experts until a first version arrives                        |
+        +---- signed versions over Kafka <-- flywheel learner (SFT -> offline RL -> online RL)
+
+Nobody waits for anybody: the clients never stop for the learner (before the first model they run the
+experts, whose episodes are the demonstrations), and the learner trains on whatever has landed. The report
+lists every version the learner published with the fleet's success under it (its sampled episodes, as they
+ran), fleet_idle_s (the time within the run when no client was in an episode) and the first and the last
+versions' greedy success on the same held-out seeds (flywheel.run.continuous has the figures).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.console import jsonable, say
+from core.processes import pin_process
 from core.settings import TIER1_TASKS, Settings
-from flywheel.continuous import run_continuous, say_summary
-from flywheel.fleet import FleetRun, run_fleet
-from flywheel.observe import demo_observability
-from flywheel.plots import write_plots
-from flywheel.stack import LocalStack, local_stack
+from flywheel.experiments.evaluation import compare_versions
+from flywheel.ops.observe import demo_observability
+from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
+from flywheel.run.fleet import FleetRun, run_fleet
+from flywheel.run.plots import write_plots
+from flywheel.run.stack import LocalStack, local_stack
+from lake.queries import episode_stats
 
 
 @dataclass
@@ -99,7 +113,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
             _write(config.out / "report.json", report, started)
         stack.close()  # the metrics window ends with the run's processes, not after a broker shutdown too
         report["observability"] = obs.report()
-        for path in write_plots(config.out, report, settings.tables_dir, obs.url):
+        for path in write_plots(config.out, report, settings.tables_dir, obs.query_range):
             say(f"plot: {path.resolve()}")
     if obs.url:
         say(f"this run's metrics, browsable later: prometheus --config.file={obs.workdir / 'prometheus.yml'} "
@@ -116,6 +130,62 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
             f"in Delta, published {entry['published_version']}"
         )
     return report
+
+
+def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
+    """Run the fleet and the learner side by side for config.minutes; returns the report."""
+    run_s = 60 * config.minutes
+    state_path = stack.settings.data_dir / "learner" / "daemon" / "state.json"  # learner.daemon.DaemonState
+    learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
+    learner = stack.start("learner", [
+        "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
+        "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
+        "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
+        "--guidance", config.guidance, "--poll-s", "2",
+    ], cpus=learner_cpus)  # fmt: skip
+    if fleet_cpus:
+        for worker in stack.workers:
+            pin_process(worker.proc.pid, fleet_cpus)
+        say(f"learner on CPUs {sorted(learner_cpus)}; fleet, browsers and worker on {sorted(fleet_cpus)}")
+    say(f"fleet: {config.clients} clients for {config.minutes} min (experts until the first version, then "
+        f"sampling at temperature {config.temperature}, top-k {config.top_k}, {config.repeats} rollouts per seed); "
+        f"learner side by side")  # fmt: skip
+    fleet = run_fleet(
+        FleetRun(
+            name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
+            episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
+            edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
+                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s)),
+            cpus=fleet_cpus,
+        ),
+        stack, config.out,
+    )  # fmt: skip
+    if not learner.running():
+        raise RuntimeError(f"the learner stopped during the run (exit {learner.proc.returncode}):\n{learner.tail()}")
+    learner.stop()  # a stage still training is cut off: only published versions count
+    published = json.loads(state_path.read_text())["versions"] if state_path.exists() else []
+    end = max((b for _, b in fleet.acting), default=fleet.started_at)
+    idle = idle_seconds(fleet.acting, fleet.started_at, end)
+    versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
+    greedy = None  # the policy the fleet would deploy, greedy: sampled success can rise by sharpening alone
+    if len(published) >= 2 and config.greedy_episodes > 0:
+        greedy = compare_versions(published[0], published[-1], tuple(config.tasks), config.greedy_episodes,
+                                  config.clients)  # fmt: skip
+    return {
+        "mode": "continuous",
+        "fleet_prefix": FLEET_PREFIX,
+        "run_s": round(end - fleet.started_at, 1),
+        "fleet_idle_s": round(idle, 1),
+        "fleet_idle_fraction": round(idle / max(1e-9, end - fleet.started_at), 4),
+        "versions": versions,
+        "success_rise": success_rise(versions),
+        "greedy": greedy,
+        "bootstrap": episode_stats(stack.settings.tables_dir, FLEET_PREFIX, "expert"),
+        "episodes": fleet.episodes,
+        "steps_published": fleet.steps_published,
+        "steps_in_delta": fleet.steps_in_delta,
+        "model_versions_run": fleet.model_versions,
+    }
 
 
 def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
@@ -143,7 +213,7 @@ def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
     say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
     learn_started = time.monotonic()
     learner_summary = config.out / f"turn{turn}-learner.json"
-    learner = stack.start(f"turn{turn}-learner", ["learn", "--steps", str(steps), "--summary", str(learner_summary)])
+    learner = stack.start(f"turn{turn}-learner", ["sft", "--steps", str(steps), "--summary", str(learner_summary)])
     code = learner.wait()
     learner.stop()
     if code != 0:

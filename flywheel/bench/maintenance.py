@@ -24,7 +24,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from core.settings import Settings
-from flywheel.bench_pipeline import bench_step
+from flywheel.bench.synthetic import bench_step
 from lake.pins import pinned
 from lake.tables import STEPS, table_uri
 from processors.delta_sink import DeltaSink, Record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from core.metrics import SCRAPE_WAIT_ENV, SD_DIR_ENV, write_sd_target
 log = logging.getLogger(__name__)
 
 
-OPS_PROMETHEUS = Path(__file__).resolve().parent.parent / "ops" / "prometheus"
+OPS_PROMETHEUS = Path(__file__).resolve().parents[2] / "ops" / "prometheus"
 DEMO_SCRAPE_INTERVAL = "1s"  # short-lived processes live 10-60 s in the demo
 
 
@@ -159,6 +160,11 @@ class DemoObservability:
     @property
     def url(self) -> str | None:
         return self.prometheus.url if self.prometheus else None
+
+    @property
+    def query_range(self):
+        """query_range(expr, start, end, step) against this run's Prometheus (None without one)."""
+        return functools.partial(query_range, self.url) if self.url else None
 
     def report(self) -> dict:
         return {"prometheus_url": self.url, "prometheus_dir": str(self.workdir), "start": self.started_at,

@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from core.console import say
 from core.processes import Child, wait_until
 from core.settings import Settings
-from flywheel.stack import LocalStack
 from lake.queries import episode_stats, step_count
+
+
+class Stack(Protocol):
+    """What a fleet needs of the stack it runs in (flywheel.run.stack.LocalStack)."""
+
+    settings: Settings
+
+    @property
+    def worker(self) -> Child: ...
+
+    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
+              cpus: set[int] | None = None) -> Child: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ class FleetResult:
     """Every client's [start, end] spans in episodes (RunSummary.acting), all clients together."""
 
 
-def run_fleet(run: FleetRun, stack: LocalStack, out: Path) -> FleetResult:
+def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
     """The clients run in `stack`, whose worker lands their steps; their summaries go to `out`."""
     started, started_at = time.monotonic(), time.time()
     settings, worker = stack.settings, stack.worker

@@ -1,0 +1,73 @@
+"""The continuous demo's figures: the fleet's idle time, the success of each version it ran, the CPU split.
+
+`flywheel demo --minutes M` (flywheel.run.demo) runs the loop; these read what it leaves (the fleet's acting
+spans, the learner's published versions, the episodes in Delta).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.console import say
+from lake.queries import episode_stats
+
+FLEET_PREFIX = "f-"  # the fleet's client ids and episode ids start with it
+MIN_EPISODES_TO_RANK = 20  # a version the fleet ran less than this is too noisy to compare
+
+
+def idle_seconds(spans: list[list[float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by none of the [a, b] spans (the fleet's acting time, all clients)."""
+    covered, reach = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return max(0.0, (end - start) - covered)
+
+
+def success_rise(versions: list[dict]) -> float | None:
+    """Success of the last version minus the first, over the versions the fleet ran enough to rank."""
+    ranked = [v for v in versions if v["episodes"] >= MIN_EPISODES_TO_RANK]
+    return round(ranked[-1]["success_rate"] - ranked[0]["success_rate"], 3) if len(ranked) >= 2 else None
+
+
+def split_cpus(cpus: list[int], learner_share: float) -> tuple[set[int] | None, set[int] | None]:
+    """(the learner's CPUs, everyone else's): the last `learner_share` of them, at least one, for the learner;
+    (None, None) without pinning (a share of 0, or a single CPU)."""
+    if learner_share <= 0 or len(cpus) < 2:
+        return None, None
+    take = min(len(cpus) - 1, max(1, round(learner_share * len(cpus))))
+    return set(cpus[-take:]), set(cpus[:-take])
+
+
+def version_entry(published: dict, tables_dir: Path, started_at: float) -> dict:
+    """One published version, with the fleet's episodes under it."""
+    stats = episode_stats(tables_dir, FLEET_PREFIX, published["model_version"])
+    return {
+        "model_version": published["model_version"],
+        "stage": published["stage"],
+        "published_at": published["published_at"],
+        "published_after_s": round(published["published_at"] - started_at, 1),
+        "train_s": published.get("train_s"),
+        "episodes": stats["episodes"],
+        "success_rate": stats["success_rate"] if stats["episodes"] else None,
+        "per_task": stats["per_task"],
+    }
+
+
+def say_summary(report: dict) -> None:
+    say(f"fleet: {report['episodes']} episodes, idle {report['fleet_idle_s']} s of {report['run_s']} s "
+        f"({100 * report['fleet_idle_fraction']:.1f} %); steps {report['steps_in_delta']}/"
+        f"{report['steps_published']} in Delta; experts {report['bootstrap']['episodes']} episodes")  # fmt: skip
+    for v in report["versions"]:
+        rate = "-" if v["success_rate"] is None else f"{v['success_rate']:.2f}"
+        say(f"  {v['model_version']} ({v['stage']}, at {v['published_after_s']} s, trained {v['train_s']} s): "
+            f"{v['episodes']} episodes, success {rate}")  # fmt: skip
+    say(f"sampled success, last version - first: {report['success_rise']}")
+    greedy = report.get("greedy")
+    if greedy:
+        first, last = greedy["first"], greedy["last"]
+        say(f"greedy success on {greedy['episodes_per_task']} held-out seeds per task: {first['model_version']} "
+            f"{first['success_rate']:.3f} -> {last['model_version']} {last['success_rate']:.3f}, paired difference "
+            f"{greedy['diff']:+.3f} (95 % CI {greedy['ci'][0]:+.3f} .. {greedy['ci'][1]:+.3f})")  # fmt: skip
