@@ -9,7 +9,8 @@ in `node-<k>/`). Nodes outlive the Python process that started them; `down` stop
 Cluster: node k (ids 1..N) serves clients on kafka_port + 2(k-1) and the quorum on the port after; the quorum is
 static (every node a voter, all formatted with one cluster id). Topics get min(3, N) replicas and, with 3,
 min.insync.replicas 2: an acks=all write is acknowledged once it is on two nodes, so any one node may die without
-losing it or stopping producers. `stop_node`, `start_node` and `partitions` are the handles of the fault tests.
+losing it or stopping producers. `stop_node`, `start_node` and `streams.topic_admin.partitions` are the handles of
+the fault tests. Topics are `streams.topic_admin`'s, which an external cluster uses alone.
 
 Security: the client listener binds `settings.listen_host` (127.0.0.1 by default), the controller listener always
 127.0.0.1. With `security_protocol=SASL_PLAINTEXT` the client listener requires SASL (SCRAM-SHA-256/512, or PLAIN):
@@ -30,38 +31,24 @@ import struct
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from kafka import KafkaAdminClient
-from kafka.errors import KafkaConnectionError
 from pydantic import SecretStr
 
 from core.settings import Settings
-from streams.kafka_clients import make_admin
-from streams.topics import topics_for
+from streams.topic_admin import ensure_topics, list_topics
 
 OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"
 POM = OPS_DIR / "pom.xml"
 LOG4J2_CONFIG = OPS_DIR / "log4j2.properties"
-TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code: another client created the topic first
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SCRAM_ITERATIONS = 8192
-T = TypeVar("T")
 
 
 class BrokerError(RuntimeError):
     """The local broker could not be fetched, formatted, started or stopped."""
-
-
-@dataclass(frozen=True)
-class PartitionState:
-    leader: int  # node id; -1 while the partition has none
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]  # the in-sync replicas: those an acks=all write waits for
 
 
 # --- jars -------------------------------------------------------------------------------------------------------
@@ -192,8 +179,7 @@ def status(settings: Settings) -> dict:
     pids = {} if settings.uses_external_kafka else node_pids(settings)
     topics = None
     if any(_answers_api_versions(server) for server in settings.bootstrap.split(",")):
-        with _admin(settings) as admin:
-            topics = sorted(_on_any_node(admin.list_topics))
+        topics = list_topics(settings)
     running = [pid for pid in pids.values() if pid is not None]
     return {
         "running": bool(running) or topics is not None,
@@ -220,59 +206,6 @@ def running_broker(settings: Settings) -> Iterator[Settings]:
     finally:
         if started_here:
             down(settings)
-
-
-# --- topics -----------------------------------------------------------------------------------------------------
-
-
-def ensure_topics(settings: Settings) -> list[str]:
-    """Create every flywheel topic that is missing (on `settings.bootstrap`) and return the names created."""
-    specs = topics_for(settings).all()
-    with _admin(settings) as admin:
-        existing = set(_on_any_node(admin.list_topics))
-        missing = [spec for spec in specs if spec.name not in existing]
-        if missing:
-            # replication_factor -1: the cluster's default.replication.factor, so external clusters get theirs.
-            wanted = {
-                s.name: {"num_partitions": s.partitions, "replication_factor": -1, "configs": s.config} for s in missing
-            }
-            result = admin.create_topics(wanted, raise_errors=False)
-            failed = [t for t in result["topics"] if t["error_code"] not in (0, TOPIC_ALREADY_EXISTS)]
-            if failed:
-                raise BrokerError(f"creating topics failed: {failed}")
-        # CreateTopics returns before the new partitions have leaders; producers right after would stall.
-        admin.wait_for_topics([spec.name for spec in specs], timeout_ms=30_000)
-    return [spec.name for spec in missing]
-
-
-def partitions(settings: Settings, topic: str) -> dict[int, PartitionState]:
-    """Partition -> its leader, replicas and in-sync replicas, as the cluster's metadata has them now."""
-    with _admin(settings) as admin:
-        (described,) = _on_any_node(lambda: admin.describe_topics([topic]))
-    return {
-        p["partition_index"]: PartitionState(p["leader_id"], tuple(p["replica_nodes"]), tuple(p["isr_nodes"]))
-        for p in described["partitions"]
-    }
-
-
-def _on_any_node(call: Callable[[], T], attempts: int = 5) -> T:
-    """call(), again on a connection error. A metadata request goes to any one node, perhaps a cluster's dead one;
-    the node that just refused is in reconnect backoff, so the next try goes to another."""
-    for _ in range(attempts - 1):
-        try:
-            return call()
-        except KafkaConnectionError:
-            pass
-    return call()
-
-
-@contextmanager
-def _admin(settings: Settings) -> Iterator[KafkaAdminClient]:
-    admin = make_admin(settings, "flywheel-broker-ctl", bootstrap_timeout_ms=10_000, request_timeout_ms=30_000)
-    try:
-        yield admin
-    finally:
-        admin.close()
 
 
 # --- broker configuration ---------------------------------------------------------------------------------------

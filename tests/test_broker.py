@@ -10,7 +10,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from core.settings import Settings
-from streams import broker
+from streams import broker, topic_admin
 from streams.topics import topics_for
 
 pytestmark = pytest.mark.kafka
@@ -30,7 +30,7 @@ def test_topics_exist_with_their_partitions(kafka_settings: Settings) -> None:
     assert {name: len(topic["partitions"]) for name, topic in described.items()} == {
         spec.name: spec.partitions for spec in specs
     }
-    assert broker.ensure_topics(kafka_settings) == []  # idempotent: nothing left to create
+    assert topic_admin.ensure_topics(kafka_settings) == []  # idempotent: nothing left to create
 
 
 def test_produced_record_is_consumed_back(kafka_settings: Settings) -> None:
