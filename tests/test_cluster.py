@@ -22,7 +22,8 @@ from core.settings import Settings
 from flywheel.stack import LocalStack
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
-from streams import broker, topic_admin
+from streams import local_broker, topic_admin
+from streams.broker_config import server_properties
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 from tests.test_faults import Pipeline, Producer, episodes
@@ -38,12 +39,12 @@ def test_one_node_or_three_is_only_configuration(tmp_path: Path) -> None:
     assert one.local_bootstrap == "127.0.0.1:30000"
     assert three.local_bootstrap == "127.0.0.1:30000,127.0.0.1:30002,127.0.0.1:30004"
 
-    single = broker._server_properties(one, 1)
+    single = server_properties(one, 1)
     assert single["controller.quorum.voters"] == "1@127.0.0.1:30001"
     assert single["log.dirs"] == str(one.kafka_dir / "data")  # the layout a single broker always had
     assert (single["default.replication.factor"], single["min.insync.replicas"]) == (1, 1)
 
-    node2 = broker._server_properties(three, 2)
+    node2 = server_properties(three, 2)
     assert node2["node.id"] == 2
     assert node2["controller.quorum.voters"] == "1@127.0.0.1:30001,2@127.0.0.1:30003,3@127.0.0.1:30005"
     assert node2["listeners"] == "PLAINTEXT://127.0.0.1:30002,CONTROLLER://127.0.0.1:30003"
@@ -56,10 +57,10 @@ def test_one_node_or_three_is_only_configuration(tmp_path: Path) -> None:
 @pytest.mark.kafka
 def test_three_nodes_run_and_replicate_every_topic(kafka_cluster: LocalStack) -> None:
     settings = kafka_cluster.settings
-    state = broker.status(settings)
+    state = local_broker.status(settings)
     pids = {node["node"]: node["pid"] for node in state["nodes"]}
     assert sorted(pids) == [1, 2, 3] and all(pids.values()) and len(set(pids.values())) == 3
-    assert broker.up(settings) == pids  # all running: no JVM more
+    assert local_broker.up(settings) == pids  # all running: no JVM more
     for spec in topics_for(settings).all():
         for partition in topic_admin.partitions(settings, spec.name).values():
             assert len(partition.replicas) == 3 and set(partition.isr) == set(partition.replicas), spec.name
