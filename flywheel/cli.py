@@ -41,19 +41,19 @@ def _kafka(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from streams import broker
+    from streams import local_broker
 
     settings = get_settings()
     if args.nodes is not None:
         settings = settings.model_copy(update={"kafka_nodes": args.nodes})
     if args.action == "up":
-        pids = broker.up(settings)
+        pids = local_broker.up(settings)
         print(f"kafka running (pids {', '.join(map(str, pids.values()))}) at {settings.bootstrap}")
     elif args.action == "down":
-        stopped = broker.down(settings)
+        stopped = local_broker.down(settings)
         print(f"kafka stopped ({len(stopped)} of {settings.kafka_nodes} node(s) were running)")
     else:
-        print(json.dumps(broker.status(settings), indent=2))
+        print(json.dumps(local_broker.status(settings), indent=2))
     return 0
 
 

@@ -4,7 +4,7 @@
 #   Python: a venv outside the clone built from the lock ops/lock/$FLYWHEEL_LOCK.txt (default: all), then this
 #           checkout installed into it (editable, no dependencies). Drift (a package missing, extra or at another
 #           version than the lock) is reported and fixed with `uv pip sync`.
-#   Maven:  the Kafka jars are resolved by `flywheel kafka up` on first use (streams/broker.py)
+#   Maven:  the Kafka jars are resolved by `flywheel kafka up` on first use (streams/broker_jars.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/venv.sh

@@ -71,7 +71,7 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
 
 
 def app_topics(app: faust.App, settings: Settings) -> dict[str, faust.TopicT]:
-    """faust handles for every flywheel topic (created beforehand by streams.broker.ensure_topics)."""
+    """faust handles for every flywheel topic (created beforehand by streams.topic_admin.ensure_topics)."""
     specs = topics_for(settings)
     return {
         name: app.topic(spec.name, partitions=spec.partitions, value_serializer="raw", key_serializer="raw")

@@ -1,1 +1,1 @@
-"""Kafka topics, the local broker, and the faust app."""
+"""Kafka: clients configured one way, topics defined once and administered on any cluster, the local broker."""

@@ -16,7 +16,7 @@ import pytest
 
 from core.settings import Settings
 from flywheel.run.stack import LocalStack, local_stack
-from streams import broker
+from streams.broker_jars import ensure_jars
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).
 SHARED_HOME = Path.home() / ".cache" / "flywheel"
@@ -109,7 +109,7 @@ def _link_shared_jars(settings: Settings) -> None:
     shared = Settings(home=SHARED_HOME, kafka_version=settings.kafka_version)
     if shutil.which("mvn") is None and not (shared.kafka_dir / f"libs-{settings.kafka_version}").exists():
         pytest.fail("Maven is not installed and the Kafka jars are not cached (ops/setup.sh installs it)")
-    libs = broker.ensure_jars(shared)
+    libs = ensure_jars(shared)
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     (settings.kafka_dir / libs.name).symlink_to(libs, target_is_directory=True)
 

@@ -10,17 +10,17 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from core.settings import Settings
-from streams import broker
+from streams import local_broker, topic_admin
 from streams.topics import topics_for
 
 pytestmark = pytest.mark.kafka
 
 
 def test_broker_answers_and_up_is_idempotent(kafka_settings: Settings) -> None:
-    state = broker.status(kafka_settings)
+    state = local_broker.status(kafka_settings)
     assert state["running"] and state["pid"]
     assert state["bootstrap"] == kafka_settings.local_bootstrap
-    assert broker.up(kafka_settings) == {1: state["pid"]}  # already running: no second JVM
+    assert local_broker.up(kafka_settings) == {1: state["pid"]}  # already running: no second JVM
 
 
 def test_topics_exist_with_their_partitions(kafka_settings: Settings) -> None:
@@ -30,7 +30,7 @@ def test_topics_exist_with_their_partitions(kafka_settings: Settings) -> None:
     assert {name: len(topic["partitions"]) for name, topic in described.items()} == {
         spec.name: spec.partitions for spec in specs
     }
-    assert broker.ensure_topics(kafka_settings) == []  # idempotent: nothing left to create
+    assert topic_admin.ensure_topics(kafka_settings) == []  # idempotent: nothing left to create
 
 
 def test_produced_record_is_consumed_back(kafka_settings: Settings) -> None:
@@ -64,22 +64,22 @@ def test_down_leaves_no_process_and_restart_keeps_topics(kafka_settings: Setting
     probe = f"{kafka_settings.topic_prefix}.restart-probe"  # a topic ensure_topics would not create again
     with KafkaAdminClient(bootstrap_servers=kafka_settings.bootstrap) as admin:
         admin.create_topics({probe: {"num_partitions": 1}}, wait_for_metadata=True)
-    pid = broker.status(kafka_settings)["pid"]
-    broker.down(kafka_settings)
+    pid = local_broker.status(kafka_settings)["pid"]
+    local_broker.down(kafka_settings)
     assert not Path(f"/proc/{pid}").exists()  # gone and reaped, not a zombie
     assert _broker_pids(kafka_settings) == []
-    assert broker.status(kafka_settings) == {
+    assert local_broker.status(kafka_settings) == {
         "running": False,
         "pid": None,
         "bootstrap": kafka_settings.bootstrap,
         "topics": None,
         "nodes": [{"node": 1, "address": kafka_settings.local_bootstrap, "pid": None}],
     }
-    broker.down(kafka_settings)  # safe when not running
+    local_broker.down(kafka_settings)  # safe when not running
 
     # Restarted on the same data: storage is not formatted again and the cluster metadata survives.
-    assert broker.up(kafka_settings)[1] != pid
-    assert probe in broker.status(kafka_settings)["topics"]
+    assert local_broker.up(kafka_settings)[1] != pid
+    assert probe in local_broker.status(kafka_settings)["topics"]
 
 
 def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
@@ -87,8 +87,8 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         settings = Settings(home=tmp_path, kafka_port=taken.getsockname()[1], bootstrap_servers="")
-        with pytest.raises(broker.BrokerError, match="already in use"):
-            broker.up(settings)
+        with pytest.raises(local_broker.BrokerError, match="already in use"):
+            local_broker.up(settings)
 
 
 def _broker_pids(settings: Settings) -> list[int]:

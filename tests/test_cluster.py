@@ -22,7 +22,8 @@ from core.settings import Settings
 from flywheel.run.stack import LocalStack
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
-from streams import broker
+from streams import local_broker, topic_admin
+from streams.broker_config import server_properties
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 from tests.test_faults import Pipeline, Producer, episodes
@@ -38,12 +39,12 @@ def test_one_node_or_three_is_only_configuration(tmp_path: Path) -> None:
     assert one.local_bootstrap == "127.0.0.1:30000"
     assert three.local_bootstrap == "127.0.0.1:30000,127.0.0.1:30002,127.0.0.1:30004"
 
-    single = broker._server_properties(one, 1)
+    single = server_properties(one, 1)
     assert single["controller.quorum.voters"] == "1@127.0.0.1:30001"
     assert single["log.dirs"] == str(one.kafka_dir / "data")  # the layout a single broker always had
     assert (single["default.replication.factor"], single["min.insync.replicas"]) == (1, 1)
 
-    node2 = broker._server_properties(three, 2)
+    node2 = server_properties(three, 2)
     assert node2["node.id"] == 2
     assert node2["controller.quorum.voters"] == "1@127.0.0.1:30001,2@127.0.0.1:30003,3@127.0.0.1:30005"
     assert node2["listeners"] == "PLAINTEXT://127.0.0.1:30002,CONTROLLER://127.0.0.1:30003"
@@ -56,12 +57,12 @@ def test_one_node_or_three_is_only_configuration(tmp_path: Path) -> None:
 @pytest.mark.kafka
 def test_three_nodes_run_and_replicate_every_topic(kafka_cluster: LocalStack) -> None:
     settings = kafka_cluster.settings
-    state = broker.status(settings)
+    state = local_broker.status(settings)
     pids = {node["node"]: node["pid"] for node in state["nodes"]}
     assert sorted(pids) == [1, 2, 3] and all(pids.values()) and len(set(pids.values())) == 3
-    assert broker.up(settings) == pids  # all running: no JVM more
+    assert local_broker.up(settings) == pids  # all running: no JVM more
     for spec in topics_for(settings).all():
-        for partition in broker.partitions(settings, spec.name).values():
+        for partition in topic_admin.partitions(settings, spec.name).values():
             assert len(partition.replicas) == 3 and set(partition.isr) == set(partition.replicas), spec.name
 
 
@@ -71,12 +72,12 @@ def _steps_topic(settings: Settings) -> str:
 
 def kill_the_steps_leader(stack: LocalStack) -> None:
     """SIGKILL the node leading the most steps partitions; wait until they have new leaders (it is fenced)."""
-    leaders = Counter(p.leader for p in broker.partitions(stack.settings, _steps_topic(stack.settings)).values())
+    leaders = Counter(p.leader for p in topic_admin.partitions(stack.settings, _steps_topic(stack.settings)).values())
     node = leaders.most_common(1)[0][0]
     stack.stop_node(node, signal.SIGKILL)
 
     def led_elsewhere() -> bool:
-        states = broker.partitions(stack.settings, _steps_topic(stack.settings)).values()
+        states = topic_admin.partitions(stack.settings, _steps_topic(stack.settings)).values()
         return all(p.leader not in (node, -1) and node not in p.isr for p in states)
 
     wait_until(led_elsewhere, 60, what=f"new leaders for the steps partitions node {node} led")
@@ -85,13 +86,13 @@ def kill_the_steps_leader(stack: LocalStack) -> None:
 def restart_a_node(stack: LocalStack) -> None:
     """Stop the leader of steps partition 0 (SIGTERM), let the stream run on two nodes, start it, wait until it is
     back in the ISR of every steps partition."""
-    node = broker.partitions(stack.settings, _steps_topic(stack.settings))[0].leader
+    node = topic_admin.partitions(stack.settings, _steps_topic(stack.settings))[0].leader
     stack.stop_node(node, signal.SIGTERM)
     time.sleep(5)
     stack.start_node(node)
 
     def back_in_sync() -> bool:
-        return all(node in p.isr for p in broker.partitions(stack.settings, _steps_topic(stack.settings)).values())
+        return all(node in p.isr for p in topic_admin.partitions(stack.settings, _steps_topic(stack.settings)).values())
 
     wait_until(back_in_sync, 90, what=f"node {node} back in every ISR")
 

@@ -35,7 +35,7 @@ from processors.compare import compare_tables
 from processors.delta_sink import app_id
 from processors.replay import replay
 from schemas import encode_event
-from streams import broker
+from streams import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer
 from streams.topics import topics_for
 from tests.factories import step_event
@@ -235,7 +235,7 @@ def test_broker_restart_mid_stream_loses_and_duplicates_nothing(pipeline):
     producer.start()
     wait_until(lambda: producer.sent >= 300, 30, interval=0.05, what="the stream under way")
     pipeline.stack.stop_broker()  # the session's broker: its data persists across the restart
-    assert not broker.status(pipeline.settings)["running"]
+    assert not local_broker.status(pipeline.settings)["running"]
     assert producer.sent < 1200, "the broker should go down mid-stream"
     time.sleep(1.0)
     pipeline.stack.start_broker()

@@ -21,7 +21,7 @@ from flywheel.run.stack import local_stack
 from lake.queries import step_count
 from processors.faust_app import auth_options
 from schemas import encode_event
-from streams import broker
+from streams import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer, security_options
 from streams.topics import topics_for
 from tests.conftest import isolated_broker_settings
@@ -123,7 +123,7 @@ def test_the_password_is_in_no_log_and_not_in_the_settings_text(secure, caplog):
 
 @pytest.mark.kafka
 def test_the_broker_listens_on_loopback_only(secure):
-    pid = broker.node_pids(secure)[1]
+    pid = local_broker.node_pids(secure)[1]
     assert pid is not None
     listening = _listening_sockets(pid)
     assert {port for _, port in listening} >= {secure.kafka_port, secure.kafka_port + 1}

@@ -9,7 +9,7 @@ import pytest
 
 from core.settings import Settings, settings_env
 from flywheel.run.stack import local_stack
-from streams import broker
+from streams import local_broker
 from streams.topics import topics_for
 
 
@@ -34,6 +34,6 @@ def test_a_stack_stops_its_worker_on_error_and_leaves_the_session_broker_running
             assert stack.env["FLYWHEEL_BOOTSTRAP_SERVERS"] == kafka_settings.local_bootstrap  # never their own broker
             raise RuntimeError("mid-run")
     assert not worker.running()
-    state = broker.status(kafka_settings)
+    state = local_broker.status(kafka_settings)
     assert state["running"]  # the session's broker: not this stack's to stop
     assert {spec.name for spec in topics_for(stack.settings).all()} <= set(state["topics"])

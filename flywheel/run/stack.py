@@ -18,7 +18,7 @@ from pathlib import Path
 
 from core.processes import Child
 from core.settings import Settings, settings_env
-from streams import broker
+from streams import local_broker
 
 
 @dataclass
@@ -58,12 +58,12 @@ class LocalStack:
     def stop_broker(self) -> None:
         """Take the local broker down (fault tests); its data stays. Brought back on close if not before."""
         self._refuse_external()
-        broker.down(self.settings)
+        local_broker.down(self.settings)
         self.broker_stopped = True
 
     def start_broker(self) -> None:
         self._refuse_external()
-        broker.up(self.settings)
+        local_broker.up(self.settings)
         self.broker_stopped = False
         self.nodes_stopped.clear()
 
@@ -71,11 +71,11 @@ class LocalStack:
         """Take one node of the local cluster down (SIGKILL: a crash); brought back on close if not before."""
         self._refuse_external()
         self.nodes_stopped.add(node)
-        broker.stop_node(self.settings, node, sig)
+        local_broker.stop_node(self.settings, node, sig)
 
     def start_node(self, node: int) -> None:
         self._refuse_external()
-        broker.start_node(self.settings, node)
+        local_broker.start_node(self.settings, node)
         self.nodes_stopped.discard(node)
 
     def close(self) -> None:
@@ -88,7 +88,7 @@ class LocalStack:
 
     def _refuse_external(self) -> None:
         if self.settings.uses_external_kafka:
-            raise broker.BrokerError("an external cluster is not this stack's to stop or start")
+            raise local_broker.BrokerError("an external cluster is not this stack's to stop or start")
 
 
 @contextmanager
@@ -107,7 +107,7 @@ def local_stack(
     its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
     """
     settings = run_settings(settings, run, data_dir)
-    with broker.running_broker(settings):
+    with local_broker.running_broker(settings):
         stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})})
         try:
             if worker:
