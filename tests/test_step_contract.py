@@ -149,7 +149,6 @@ def test_a_row_of_every_field_set_fits_the_table_schema():
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             problems.append(f"lake.tables.STEPS_SCHEMA types column {field.name!r} {field.type}; its value: {exc}")
     assert not problems, "\n".join(problems)
-    assert pa.Table.from_pylist([row], schema=STEPS_SCHEMA).to_pylist()[0].keys() == row.keys()
 
 
 @pytest.mark.parametrize("producer", sorted(PRODUCERS))
