@@ -163,7 +163,8 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
 def step_event(
     record: StepRecord, client_id: str, episode_id: str, task: str, seed: int, model_version: str
 ) -> StepEvent:
-    """The StepEvent of one recorded step; the final one carries the loop's termination."""
+    """The StepEvent of one recorded step; the final one carries the loop's termination. Every field is set, but
+    those tests/test_step_contract.py lists as left at their default."""
     decision = record.decision
     return StepEvent(
         event_id=new_event_id(),

@@ -3,54 +3,77 @@
 from __future__ import annotations
 
 import functools
+import operator
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, get_args, get_origin
+
+import msgspec
 
 from processors.curation import Curated
 from schemas import EpisodeEvent, StepEvent
 
+# --- steps: a row is its StepEvent, flattened ----------------------------------------------------------------------
+# The rule, written here once. lake.tables.STEPS_SCHEMA types the columns by hand; tests/test_step_contract.py fails,
+# naming the field, where it or a producer of steps (the edge's, the benchmark's, the tests') disagrees with the event.
+# * Each field of StepEvent is a column of its name, in the event's order, but for those in STEP_EVENT_ONLY.
+# * A nested struct's fields are columns of their own, named <struct>_<field> (verify_ok), but the action's, which
+#   are bare (x, text), its type excepted (action_type).
+# * A tuple is a list, of floats where typed tuple[float, ...] (an expert may give its target_box in ints).
+# * The STEP_ROW_ONLY columns follow: where and when the row was read; `date`, the table's partition, is the UTC day
+#   of produced_at.
+STEP_EVENT_ONLY = ("screenshot_ref",)  # a blob-store address for the PNG: nothing sets it yet, the row holds the PNG
+STEP_ROW_ONLY = ("kafka_partition", "kafka_offset", "ingested_at", "date")
+
+
+def _flat_column(struct: str, name: str) -> str:
+    """The column of field `name` of the nested struct in StepEvent field `struct`."""
+    if struct == "action":
+        return "action_type" if name == "type" else name
+    return f"{struct}_{name}"
+
+
+def _step_fields() -> list[tuple[str, str, Any]]:
+    """(column, path of the field in StepEvent, its type) of each column an event fills, in the event's order."""
+    found = []
+    for field in msgspec.structs.fields(StepEvent):
+        if field.name in STEP_EVENT_ONLY:
+            continue
+        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+            for sub in msgspec.structs.fields(field.type):
+                found.append((_flat_column(field.name, sub.name), f"{field.name}.{sub.name}", sub.type))
+        else:
+            found.append((field.name, field.name, field.type))
+    return found
+
+
+def _as_list(kind: Any) -> Callable[[Any], Any] | None:
+    """How a field of type `kind` becomes its column's value: tuples as lists; None: as it is."""
+    if get_origin(kind) is not tuple:
+        return None
+    if get_args(kind)[0] is float:
+        return lambda values: [float(v) for v in values]
+    return list
+
+
+_STEP_FIELDS = _step_fields()
+# The `steps` columns an event fills -> the field each holds ("action_type" -> "action.type"), in the row's order.
+STEP_COLUMNS: dict[str, str] = {column: path for column, path, _ in _STEP_FIELDS}
+_step_values = operator.attrgetter(*STEP_COLUMNS.values())  # one call for them all: step_row is on the ingest path
+_STEP_LISTS = tuple((column, convert) for column, _, kind in _STEP_FIELDS if (convert := _as_list(kind)))
+
 
 def step_row(event: StepEvent, partition: int, offset: int) -> dict:
-    return {
-        "event_id": event.event_id,
-        "client_id": event.client_id,
-        "produced_at": event.produced_at,
-        "episode_id": event.episode_id,
-        "step": event.step,
-        "task": event.task,
-        "instruction": event.instruction,
-        "screenshot": event.screenshot,
-        "thought": event.thought,
-        "action_type": event.action.type,
-        "x": event.action.x,
-        "y": event.action.y,
-        "text": event.action.text,
-        "key": event.action.key,
-        "scroll_dy": event.action.scroll_dy,
-        "model_version": event.model_version,
-        "verify_expected": event.verify.expected,
-        "verify_observed": event.verify.observed,
-        "verify_ok": event.verify.ok,
-        "reward": event.reward,
-        "done": event.done,
-        "behaviour_logprob": event.behaviour_logprob,
-        "inference_ms": event.inference_ms,
-        "env_ms": event.env_ms,
-        "visual_tokens_total": event.visual_tokens_total,
-        "visual_tokens_kept": event.visual_tokens_kept,
-        "termination": event.termination,
-        "seed": event.seed,
-        "tokens": list(event.tokens),
-        "token_logprobs": list(event.token_logprobs),
-        "temperature": event.temperature,
-        "top_k": event.top_k,
-        "target_box": [float(v) for v in event.target_box],  # an expert may give ints and floats
-        "schema_version": event.schema_version,
-        "kafka_partition": partition,
-        "kafka_offset": offset,
-        "ingested_at": time.time(),
-        "date": utc_date(event.produced_at),
-    }
+    """The `steps` row of an event read at (partition, offset) of its topic: STEP_COLUMNS, then STEP_ROW_ONLY."""
+    row = dict(zip(STEP_COLUMNS, _step_values(event), strict=True))
+    for column, convert in _STEP_LISTS:
+        row[column] = convert(row[column])
+    row["kafka_partition"] = partition
+    row["kafka_offset"] = offset
+    row["ingested_at"] = time.time()
+    row["date"] = utc_date(event.produced_at)
+    return row
 
 
 def utc_date(timestamp: float) -> str:

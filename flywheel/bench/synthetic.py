@@ -43,6 +43,8 @@ def render_screens(count: int = 48, seed: int = 0) -> list[bytes]:
 
 
 def bench_step(screens: list[bytes], client: str, episode: int, step: int, steps_per_episode: int) -> StepEvent:
+    """An expert's step of a synthetic episode; the fields it leaves at their default are listed, with why, in
+    tests/test_step_contract.py."""
     done = step == steps_per_episode - 1
     return StepEvent(
         event_id=new_event_id(),
