@@ -1,7 +1,7 @@
 """The learner's settings, torch-free (the CLI builds its flags from them without importing torch).
 
 VLATrainConfig: the hyper-parameters of one SFT run. VLARecipe: the model, pruning, vocabulary and training
-settings a run starts from, as one JSON file. LearnConfig: one `flywheel learn` run.
+settings a run starts from, as one JSON file. LearnConfig: one `flywheel sft` run.
 
 configs/vla_demo.json (the demo's small VLA) and configs/vla_release.json (the release) are recipes; the
 release's also lists its demonstrations. Every section is optional: what it leaves out keeps the defaults

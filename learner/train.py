@@ -1,6 +1,6 @@
 """One learner run: read Delta, train the VLA by SFT (warm-started from the previous version), publish.
 
-Under `torchrun --nproc_per_node P -m flywheel.cli learn ...` the SFT is data-parallel (learner.distributed)
+Under `torchrun --nproc_per_node P -m flywheel.cli sft ...` the SFT is data-parallel (learner.distributed)
 and rank 0 alone exports and publishes."""
 
 from __future__ import annotations
