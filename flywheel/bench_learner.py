@@ -218,9 +218,9 @@ def phases(profiler: Profiler):
     """An SFT step's phases: the batch (data), the model's forward, the loss, backward and the AdamW step."""
     import torch
 
-    from learner import vla, vla_sft
+    from learner import dataset, vla, vla_sft
 
-    wrapped = [(vla_sft.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
+    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
                (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     for owner, name, phase in wrapped:
@@ -238,8 +238,9 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
     import numpy as np
     import torch
 
+    from learner.checkpoints import load_vla
+    from learner.dataset import VLADataset
     from learner.vla import vla_loss
-    from learner.vla_sft import VLADataset, load_vla
     from policy.pruning import keep_count
 
     torch.set_num_threads(threads)

@@ -367,8 +367,8 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     RL), one semi-online update, or an online round (its rollouts collected here, then one PPO update).
     `origin`: the arm's model before its budget (the shared SFT, or offline_only's fresh model). Returns
     (VLAResult, env steps it took, rollout seconds)."""
+    from learner.checkpoints import load_vla
     from learner.stages import StageData, StageRun, run_stage
-    from learner.vla_sft import load_vla
 
     config = shared.config
     # A long schedule sliced by stop_at: past its warm-up the learning rate stays ~rl_lr for the whole budget.
@@ -449,8 +449,9 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
     from flywheel.experiment import evaluate_model
+    from learner.checkpoints import load_vla
     from learner.vla_export import export_bundle
-    from learner.vla_sft import load_vla, train_vla
+    from learner.vla_sft import train_vla
 
     config, stages, out = shared.config, ARMS[arm], shared.config.out / arm
     state_path = out / "state.json"

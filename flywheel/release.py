@@ -22,10 +22,11 @@ import polars as pl
 from core.console import say
 from core.settings import Settings, parse_tasks
 from flywheel.demonstrations import DemonstrationsConfig, collect_demonstrations
+from learner.checkpoints import save_weights
 from learner.config import VLARecipe
 from learner.data import load_samples
 from learner.vla_export import export_bundle, quantize_bundle
-from learner.vla_sft import save_weights, train_vla
+from learner.vla_sft import train_vla
 
 
 def _collection(entry: dict, seed: int) -> dict:

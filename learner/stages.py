@@ -21,13 +21,16 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.checkpoints import CHECKPOINT_NAME, load_vla
 from learner.config import VLARecipe, VLATrainConfig
+from learner.dataset import VLADataset
 from learner.offline_rl import OfflineRLConfig, train_offline_rl
 from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import entropy_over_support, kl_to_reference
 from learner.semi_online import SemiOnlineConfig, semi_online_update
-from learner.vla_sft import CHECKPOINT_NAME, VLADataset, VLAResult, load_vla, open_run, train_vla
+from learner.training_run import VLAResult, open_run
+from learner.vla_sft import train_vla
 from policy.pruning import keep_count
 
 STAGES = ("sft", "offline_rl", "online_rl", "semi_online")

@@ -17,8 +17,9 @@ from learner import distributed, metrics
 from learner.config import LearnConfig
 from learner.data import load_samples, table_versions
 from learner.publish import publish_artifact
+from learner.training_run import VLAProgress
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLAProgress, train_vla
+from learner.vla_sft import train_vla
 from registry.store import resolve_model
 from streams.model_versions import latest_by_channel
 

@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 import torch
 
+from learner.dataset import VLADataset
 from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.vla import VLA, VLAConfig
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLADataset
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling

@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
 from learner.semi_online import (
     SemiOnlineConfig,
@@ -18,7 +19,7 @@ from learner.semi_online import (
     sop,
 )
 from learner.vla_export import export_bundle
-from learner.vla_sft import load_vla, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.screen import encode_png

@@ -14,11 +14,14 @@ import torch
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
 from learner.augment import random_view
+from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
+from learner.dataset import VLADataset, tokenizer_corpus
+from learner.lora import apply_lora, merge_lora
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import VLADataset, apply_lora, load_vla, merge_lora, tokenizer_corpus, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import decode_png, encode_png, screenshot_to_chw
@@ -389,7 +392,7 @@ def test_a_view_moves_the_click_target_with_the_pixels():
 
 
 def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatch):
-    import learner.vla_sft as sft
+    import learner.dataset as dataset
     from learner.augment import IDENTITY, View
 
     tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
@@ -397,7 +400,7 @@ def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatc
     data = VLADataset(frame, tok, cfg, PruningConfig())
     clicks = np.array([i for i, a in enumerate(data.action) if a.type == "click"])
     shift = View(1.0, 5.0, -4.0, IDENTITY.gain, IDENTITY.offset)  # 5 px right, 4 px up
-    monkeypatch.setattr(sft, "random_view", lambda *args, **kwargs: shift)
+    monkeypatch.setattr(dataset, "random_view", lambda *args, **kwargs: shift)
     seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT))
     for row, i in enumerate(clicks):
         a = data.action[i]
