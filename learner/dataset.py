@@ -13,7 +13,7 @@ import polars as pl
 import torch
 
 from learner.augment import random_view
-from learner.config import VLATrainConfig
+from learner.config import Augmentation
 from learner.vla import IGNORE, VLAConfig, target_patch_index
 from policy.pruning import PruningConfig, patch_prior
 from policy.screen import POSITIONAL_TYPES, decode_png
@@ -24,7 +24,7 @@ from schemas import Action
 class VLADataset:
     """Demonstration steps, decoded once: screenshots (M, 210, 160, 3) uint8, pruning priors, token sequences.
 
-    `batch` with an augmenting config draws a fresh view (learner.augment) of every sampled step: its
+    `batch` with an active Augmentation draws a fresh view (learner.augment) of every sampled step: its
     screenshot and previous frame are warped alike, the prior is recomputed from them and a click target's
     coordinate tokens and target patch follow the pixels."""
 
@@ -72,15 +72,16 @@ class VLADataset:
         return (action.x, action.y) if action.type in POSITIONAL_TYPES else None
 
     def batch(self, idx: np.ndarray, rng: np.random.Generator | None = None,
-              config: VLATrainConfig | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-        """The steps `idx` as model inputs; seen through random views when `config` augments (rng draws them)."""
-        augment = config is not None and bool(config.augment_shift_px or config.augment_scale or config.augment_colour)
+              augmentation: Augmentation | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The steps `idx` as model inputs; seen through random views when `augmentation` is active (rng draws
+        them)."""
+        augment = augmentation is not None and augmentation.active
         images, priors, actions = self.screens[idx], self.priors[idx], [self.action[i] for i in idx]
         if augment:
             images, priors = images.copy(), priors.copy()
             for row, i in enumerate(idx):
                 target = self._target(actions[row])
-                view = random_view(rng, config.augment_shift_px, config.augment_scale, config.augment_colour, target)
+                view = random_view(rng, augmentation.shift_px, augmentation.scale, augmentation.colour, target)
                 images[row] = view.apply(self.screens[i])
                 previous = self._previous_screen(i)
                 previous = view.apply(previous) if previous is not None else None

@@ -67,7 +67,7 @@ def train_vla(
 
     run = open_run(out_dir, config, fresh)
     model, tok, rng, optimizer = run.model, run.tok, run.rng, run.optimizer
-    data = VLADataset(frame, tok, model.cfg, run.pruning)
+    data, augmentation = VLADataset(frame, tok, model.cfg, run.pruning), config.augmentation
 
     losses: list[float] = []
     model.train()
@@ -82,7 +82,8 @@ def train_vla(
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
         # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
-        batch = distributed.local_slice(data.batch(rng.integers(0, len(data), size=config.batch_size), rng, config))
+        idx = rng.integers(0, len(data), size=config.batch_size)
+        batch = distributed.local_slice(data.batch(idx, rng, augmentation))
         logits, relevance, _ = net(batch["image"], batch["prior"], batch["instruction_ids"],
                                    batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
         total, token_nll, relevance_nll = vla_loss(

@@ -401,7 +401,7 @@ def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatc
     clicks = np.array([i for i, a in enumerate(data.action) if a.type == "click"])
     shift = View(1.0, 5.0, -4.0, IDENTITY.gain, IDENTITY.offset)  # 5 px right, 4 px up
     monkeypatch.setattr(dataset, "random_view", lambda *args, **kwargs: shift)
-    seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT))
+    seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT).augmentation)
     for row, i in enumerate(clicks):
         a = data.action[i]
         x_id, y_id = (int(t) for t in seen["text_ids"][row][seen["labels"][row] != -100][-3:-1])  # <x> <y> <eos>
