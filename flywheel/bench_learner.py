@@ -128,8 +128,7 @@ def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> 
 
     recipe = load_recipe(recipe_name)
     train = replace(recipe.train, steps=30, warmup_steps=5, checkpoint_every=0, snapshot_every=0)
-    sft = train_vla(demos, train, work / "sft", model_config=recipe.model, pruning=recipe.pruning,
-                    vocab_size=recipe.vocab_size)  # fmt: skip
+    sft = train_vla(demos, replace(recipe, train=train), work / "sft")
     bundle = export_bundle(sft.model, sft.tokenizer, sft.pruning, work / "sft.vla")
     policy = VLAPolicy(bundle, "bench-sft", sampling=Sampling(1.0, 5, seed=config.seed))
     with GuiEnv(config.tasks[0], EnvConfig(read_dom=False)) as env:
@@ -160,7 +159,8 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
 
     sft = str(data.sft_checkpoint)
     if update == "sft":
-        return lambda stop: (train_vla(data.demos, train, out, init_checkpoint=sft, stop_at=stop), {})
+        recipe = replace(data.recipe, train=train)
+        return lambda stop: (train_vla(data.demos, recipe, out, init_checkpoint=sft, stop_at=stop), {})
     if update == "offline_rl":
         logged = pl.concat([data.demos, data.rollouts])
         return lambda stop: (train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop), {})

@@ -95,9 +95,8 @@ def run_arm(
             continue
         say(f"arm {arm['name']}: training to step {step} on {data.height} steps "
             f"({data['episode_id'].n_unique()} episodes)")  # fmt: skip
-        result = train_vla(data, replace(recipe.train, log_every=50), out / "train", model_config=recipe.model,
-                           pruning=recipe.pruning, vocab_size=recipe.vocab_size, stop_at=step,
-                           progress=_report)  # fmt: skip
+        result = train_vla(data, replace(recipe, train=replace(recipe.train, log_every=50)), out / "train",
+                           stop_at=step, progress=_report)  # fmt: skip
         timing_path = out / "training.json"
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {"wall_s": 0.0, "cpu_s": 0.0}
         timing = {

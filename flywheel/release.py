@@ -64,10 +64,7 @@ def run_release(config_path: Path, work: Path, release_dir: Path, settings: Sett
     collections = release_demonstrations(config, work, settings)
     frame = demonstration_steps(collections)
     say(f"training the VLA on {frame.height} demonstration steps from {len(collections)} collections")
-    result = train_vla(
-        frame, recipe.train, work / "train", model_config=recipe.model, pruning=recipe.pruning,
-        vocab_size=recipe.vocab_size,
-    )  # fmt: skip
+    result = train_vla(frame, recipe, work / "train")
     pruning = result.pruning  # the checkpoint's, when the run resumed
     bundle = export_bundle(result.model, result.tokenizer, pruning, work / "model.vla")
     quantized = quantize_bundle(bundle, work / "model-int8.vla")

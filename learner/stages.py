@@ -75,10 +75,9 @@ def run_stage(
     resumed = run.out_dir / CHECKPOINT_NAME
     before_path = resumed if resumed.exists() else (run.start or run.reference)  # where this call starts
     if kind == "sft":
-        recipe = run.recipe or VLARecipe()
+        recipe = replace(run.recipe or VLARecipe(), train=run.train)
         before = load_vla(before_path)[0] if before_path else None
-        result = train_vla(data.demos, run.train, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at,
-                           model_config=recipe.model, pruning=recipe.pruning, vocab_size=recipe.vocab_size)  # fmt: skip
+        result = train_vla(data.demos, recipe, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at)
         return with_drift(result, data.demos, before, run.reference)
     if kind == "offline_rl":
         before = load_vla(before_path)[0]

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from learner import distributed
 from learner.checkpoints import load_vla
-from learner.config import VLATrainConfig
+from learner.config import VLARecipe
 from learner.dataset import VLADataset, tokenizer_corpus
 from learner.lora import apply_lora
 from learner.training_run import VLAProgress, VLAResult, lr_at, open_run
@@ -35,32 +35,32 @@ from policy.tokens import ActionTokenizer, train_tokenizer
 
 def train_vla(
     frame: pl.DataFrame,
-    config: VLATrainConfig,
+    recipe: VLARecipe,
     out_dir: str | Path,
     *,
-    model_config: dict | None = None,
-    pruning: PruningConfig | None = None,
-    vocab_size: int = 1024,
     init_checkpoint: str | Path | None = None,
     progress: Callable[[VLAProgress], None] | None = None,
     stop_at: int | None = None,
 ) -> VLAResult:
-    """Train the VLA on `frame` (columns of learner.data.SFT_COLUMNS) and write out_dir/vla_checkpoint.pt.
+    """Train the VLA on `frame` (columns of learner.data.SFT_COLUMNS) with `recipe.train` and write
+    out_dir/vla_checkpoint.pt.
 
     Resumes from out_dir's checkpoint when there is one. Otherwise starts from `init_checkpoint` (its
-    weights and tokenizer, fresh optimiser), else a fresh model from `model_config` with a tokenizer trained
-    on the frame. Seeded: the same frame and config give the same weights, whether or not the run was
-    interrupted. `stop_at`: checkpoint and return after this step (a run sliced across sessions).
+    weights and tokenizer, fresh optimiser), else a fresh model of the recipe (`model`, `pruning`) with a
+    tokenizer of `vocab_size` trained on the frame. Seeded: the same frame and recipe give the same weights,
+    whether or not the run was interrupted. `stop_at`: checkpoint and return after this step (a run sliced
+    across sessions).
     """
+    config = recipe.train
 
     def fresh() -> tuple[VLA, ActionTokenizer, PruningConfig]:
         if init_checkpoint is not None:
             model, tok, start_pruning = load_vla(init_checkpoint)
         else:
             torch.manual_seed(config.seed)
-            tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=vocab_size)
-            start_pruning = pruning or PruningConfig()
-            model = VLA(VLAConfig(**{**(model_config or {}), "vocab_size": tok.vocab_size, "bin_px": tok.bin_px}))
+            tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=recipe.vocab_size)
+            start_pruning = recipe.pruning
+            model = VLA(VLAConfig(**{**recipe.model, "vocab_size": tok.vocab_size, "bin_px": tok.bin_px}))
         if config.lora_rank:
             apply_lora(model, config.lora_rank, config.lora_alpha)
         return model, tok, start_pruning

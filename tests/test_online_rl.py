@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner.checkpoints import load_vla
-from learner.config import VLATrainConfig
+from learner.config import VLARecipe, VLATrainConfig
 from learner.dataset import VLADataset
 from learner.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
 from learner.policy_logprobs import grammar_masks, token_logprobs
@@ -56,8 +56,8 @@ def sft(tmp_path_factory):
     work = tmp_path_factory.mktemp("online")
     train = VLATrainConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=3, seed=0, keep_ratios=(1.0,),
                            progress_bar=False, checkpoint_every=0)  # fmt: skip
-    result = train_vla(pl.DataFrame([sft_row(s) for s in range(16)]), train, work / "sft", model_config=TINY,
-                       vocab_size=300, pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+    recipe = VLARecipe(model=TINY, pruning=PruningConfig(keep_ratio=1.0), vocab_size=300, train=train)
+    result = train_vla(pl.DataFrame([sft_row(s) for s in range(16)]), recipe, work / "sft")
     return work, result.checkpoint_path
 
 
