@@ -1,4 +1,4 @@
-"""The demonstration steps a stage trains on, decoded once, and their batches as model inputs.
+"""The steps a stage trains on (demonstrations or rollouts), decoded once, and their batches as model inputs.
 
 `VLADataset` decodes a frame's screenshots, pruning priors and token sequences (prompt, thought + action, or
 a rollout's generated ids); `batch` turns sampled rows into the model's tensors, through random views
