@@ -1,7 +1,8 @@
 """The learner's settings, torch-free (the CLI builds its flags from them without importing torch).
 
-VLATrainConfig: the hyper-parameters of one SFT run. VLARecipe: the model, pruning, vocabulary and training
-settings a run starts from, as one JSON file. LearnConfig: one `flywheel sft` run.
+VLATrainConfig: the hyper-parameters of one SFT run; Augmentation: its training views' settings, what a
+batch needs of them. VLARecipe: the model, pruning, vocabulary and training settings a run starts from, as
+one JSON file. LearnConfig: one `flywheel sft` run.
 
 configs/vla_demo.json (the demo's small VLA) and configs/vla_release.json (the release) are recipes; the
 release's also lists its demonstrations. Every section is optional: what it leaves out keeps the defaults
@@ -17,6 +18,22 @@ from pathlib import Path
 from policy.pruning import PruningConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """How far a batch's random training views (learner.augment.random_view) may stray; all 0: none."""
+
+    shift_px: int = 0
+    """Largest random shift in pixels, each axis."""
+    scale: float = 0.0
+    """Largest relative zoom about the centre (0.08: 92 %-108 %)."""
+    colour: float = 0.0
+    """Largest per-channel gain deviation and offset (as a fraction of 255)."""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.shift_px or self.scale or self.colour)
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,11 @@ class VLATrainConfig:
     curve is evaluated from afterwards (`flywheel experiment --checkpoints`)."""
     progress_bar: bool = True
     """Show a tqdm progress bar on stderr when it is a terminal (a log file gets the periodic progress lines)."""
+
+    @property
+    def augmentation(self) -> Augmentation:
+        """The augment_* settings, what VLADataset.batch draws its views with."""
+        return Augmentation(self.augment_shift_px, self.augment_scale, self.augment_colour)
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from learner.data import load_rollouts, load_samples, table_versions
 from learner.online_rl import Guidance
 from learner.publish import publish_artifact
 from learner.stages import StageData, StageRun, run_stage
+from learner.training_run import VLAResult
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLAResult
 
 log = logging.getLogger(__name__)
 

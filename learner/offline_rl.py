@@ -14,7 +14,7 @@ Starting from the SFT model (also the frozen reference), each update is
 AWR alone only re-weights imitation (a failure's weight is small but positive); the DPO term is what
 pushes probability away from the actions that led to dead ends. A model's rollout is scored on the
 tokens it generated (recorded at the edge), a demonstration on its thought and action's tokenisation.
-Checkpointed and resumable like SFT (learner.vla_sft).
+Checkpointed and resumable like SFT (learner.training_run).
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
+from learner.dataset import VLADataset
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss, episode_advantages
+from learner.training_run import VLAResult, lr_at, open_run
 from learner.vla import VLA, target_patch_nll
-from learner.vla_sft import VLADataset, VLAResult, load_vla, lr_at, open_run
 from policy.pruning import keep_count
 
 # Beyond learner.data.SFT_COLUMNS: what the offline stage reads of each logged step.

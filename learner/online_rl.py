@@ -43,7 +43,9 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
+from learner.dataset import VLADataset
 from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.rl_losses import (
     databc_loss,
@@ -53,8 +55,8 @@ from learner.rl_losses import (
     ppo_clip_loss,
     state_value_advantages,
 )
+from learner.training_run import VLAResult, open_run
 from learner.vla import IGNORE, target_patch_nll
-from learner.vla_sft import VLADataset, VLAResult, load_vla, open_run
 from policy.pruning import keep_count
 
 Guidance = Literal["none", "refkl", "databc"]

@@ -50,7 +50,7 @@ class Scored(NamedTuple):
 
 
 def token_logprobs(model: VLA, batch: dict[str, torch.Tensor], masks: torch.Tensor, keep: int) -> Scored:
-    """Teacher-forced log pi_theta of a batch (learner.vla_sft.VLADataset.batch) under the grammar."""
+    """Teacher-forced log pi_theta of a batch (learner.dataset.VLADataset.batch) under the grammar."""
     logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"], batch["instruction_chars"],
                                  batch["text_ids"], keep)  # fmt: skip  # (B, T, V)
     logp_all = logits.masked_fill(~masks, float("-inf")).log_softmax(-1)  # (B, T, V)

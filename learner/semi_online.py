@@ -247,9 +247,9 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     refilled until `config.trajectories` groups are informative or every trajectory was tried once; their
     advantages; one PPO update with a constant small KL to the SFT reference. Returns (VLAResult, {"rollout_steps",
     "matched", "trained_steps", "groups_tried", "groups_informative", "cursor"})."""
+    from learner.checkpoints import CHECKPOINT_NAME, load_vla
     from learner.online_rl import OnlineRLConfig, ppo_update
     from learner.vla_export import export_bundle
-    from learner.vla_sft import CHECKPOINT_NAME, load_vla
     from policy.runtime import VLARuntime
 
     out = Path(out_dir)

@@ -21,13 +21,16 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.checkpoints import CHECKPOINT_NAME, load_vla
 from learner.config import VLARecipe, VLATrainConfig
+from learner.dataset import VLADataset
 from learner.offline_rl import OfflineRLConfig, train_offline_rl
 from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import entropy_over_support, kl_to_reference
 from learner.semi_online import SemiOnlineConfig, semi_online_update
-from learner.vla_sft import CHECKPOINT_NAME, VLADataset, VLAResult, load_vla, open_run, train_vla
+from learner.training_run import VLAResult, open_run
+from learner.vla_sft import train_vla
 from policy.pruning import keep_count
 
 STAGES = ("sft", "offline_rl", "online_rl", "semi_online")
@@ -72,10 +75,9 @@ def run_stage(
     resumed = run.out_dir / CHECKPOINT_NAME
     before_path = resumed if resumed.exists() else (run.start or run.reference)  # where this call starts
     if kind == "sft":
-        recipe = run.recipe or VLARecipe()
+        recipe = replace(run.recipe or VLARecipe(), train=run.train)
         before = load_vla(before_path)[0] if before_path else None
-        result = train_vla(data.demos, run.train, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at,
-                           model_config=recipe.model, pruning=recipe.pruning, vocab_size=recipe.vocab_size)  # fmt: skip
+        result = train_vla(data.demos, recipe, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at)
         return with_drift(result, data.demos, before, run.reference)
     if kind == "offline_rl":
         before = load_vla(before_path)[0]

@@ -17,8 +17,9 @@ from learner import distributed, metrics
 from learner.config import LearnConfig
 from learner.data import load_samples, table_versions
 from learner.publish import publish_artifact
+from learner.training_run import VLAProgress
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLAProgress, train_vla
+from learner.vla_sft import train_vla
 from registry.store import resolve_model
 from streams.model_versions import latest_by_channel
 
@@ -54,8 +55,7 @@ def _learn_at(settings: Settings, config: LearnConfig, versions: dict[str, int],
 
     on_progress.last = 0
     recipe = config.recipe
-    result = train_vla(frame, recipe.train, work_dir, model_config=recipe.model, pruning=recipe.pruning,
-                       vocab_size=recipe.vocab_size, init_checkpoint=resume, progress=on_progress)  # fmt: skip
+    result = train_vla(frame, recipe, work_dir, init_checkpoint=resume, progress=on_progress)
     if not distributed.is_main():  # under torchrun: one process exports and publishes
         return {"rank": distributed.world()[0], "steps": result.steps}
     bundle = export_bundle(result.model, result.tokenizer, result.pruning, work_dir / "model.vla")

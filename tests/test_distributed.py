@@ -17,13 +17,13 @@ from tests.factories import box_screen
 SCRIPT = """
 import hashlib, json, os, sys
 import polars as pl, torch
-from learner.config import VLATrainConfig
+from learner.config import VLARecipe, VLATrainConfig
 from learner.vla_sft import train_vla
 frame = pl.read_parquet(sys.argv[1])
 config = VLATrainConfig(steps=8, batch_size=8, lr=3e-3, warmup_steps=2, seed=0, keep_ratios=(1.0,), checkpoint_every=4,
                         progress_bar=False, num_threads=1)
 model_config = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
-result = train_vla(frame, config, sys.argv[2], model_config=model_config, vocab_size=300)
+result = train_vla(frame, VLARecipe(model=model_config, vocab_size=300, train=config), sys.argv[2])
 state = result.model.state_dict()
 digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in state.values())).hexdigest()
 rank = os.environ.get("RANK", "0")

@@ -64,7 +64,7 @@ def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, mo
     import numpy as np
 
     import flywheel.experiments.experiment as experiment
-    from learner.config import VLATrainConfig
+    from learner.config import VLARecipe, VLATrainConfig
     from learner.vla_sft import train_vla
     from policy.screen import encode_png
 
@@ -74,8 +74,8 @@ def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, mo
                                key="") for i in range(4)])  # fmt: skip
     train = VLATrainConfig(steps=8, batch_size=4, warmup_steps=1, snapshot_every=4, checkpoint_every=0,
                            keep_ratios=(1.0,), progress_bar=False)  # fmt: skip
-    train_vla(frame, train, tmp_path / "run", model_config={"stem_channels": 8, "d_model": 32, "n_layers": 1,
-                                                            "n_heads": 2, "d_ff": 64}, vocab_size=260)  # fmt: skip
+    model = {"stem_channels": 8, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64}
+    train_vla(frame, VLARecipe(model=model, vocab_size=260, train=train), tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir()) == ["step-4.pt", "step-8.pt"]
     entries = experiment.evaluate_checkpoints(str(tmp_path / "run/snapshots/*.pt"), ("click-test",), 2, tmp_path)
     assert [e["step"] for e in entries] == [4, 8] and all(0.0 <= e["mean"] <= 1.0 for e in entries)

@@ -7,10 +7,12 @@ import polars as pl
 import pytest
 import torch
 
-from learner.config import VLATrainConfig
+from learner.checkpoints import load_vla
+from learner.config import VLARecipe, VLATrainConfig
+from learner.dataset import VLADataset
 from learner.offline_rl import OfflineRLConfig, preference_pairs, step_advantages, train_offline_rl
 from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.vla_sft import VLADataset, load_vla, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.screen import encode_png
 from schemas import Action
@@ -39,9 +41,9 @@ def logged(tmp_path_factory):
     """An SFT model on 12 box demos, and a log of its successes (the box) and failures (the corner)."""
     work = tmp_path_factory.mktemp("offline")
     demos = [row(f"demo-{s}", s, Action("click", *box_screen(s)[1]), 1.0, True, []) for s in range(12)]
-    sft = train_vla(pl.DataFrame(demos), VLATrainConfig(steps=30, batch_size=8, lr=3e-3, warmup_steps=3, seed=0,
-                                                        keep_ratios=(1.0,), progress_bar=False, checkpoint_every=0),
-                    work / "sft", model_config=TINY, vocab_size=300)  # fmt: skip
+    train = VLATrainConfig(steps=30, batch_size=8, lr=3e-3, warmup_steps=3, seed=0, keep_ratios=(1.0,),
+                           progress_bar=False, checkpoint_every=0)  # fmt: skip
+    sft = train_vla(pl.DataFrame(demos), VLARecipe(model=TINY, vocab_size=300, train=train), work / "sft")
     tok = sft.tokenizer
     rows = []
     for s in range(12, 24):

@@ -7,12 +7,14 @@ import polars as pl
 import pytest
 import torch
 
-from learner.config import VLATrainConfig
+from learner.checkpoints import load_vla
+from learner.config import VLARecipe, VLATrainConfig
+from learner.dataset import VLADataset
 from learner.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import kl_to_reference
 from learner.vla_export import export_bundle
-from learner.vla_sft import VLADataset, load_vla, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
@@ -54,8 +56,8 @@ def sft(tmp_path_factory):
     work = tmp_path_factory.mktemp("online")
     train = VLATrainConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=3, seed=0, keep_ratios=(1.0,),
                            progress_bar=False, checkpoint_every=0)  # fmt: skip
-    result = train_vla(pl.DataFrame([sft_row(s) for s in range(16)]), train, work / "sft", model_config=TINY,
-                       vocab_size=300, pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+    recipe = VLARecipe(model=TINY, pruning=PruningConfig(keep_ratio=1.0), vocab_size=300, train=train)
+    result = train_vla(pl.DataFrame([sft_row(s) for s in range(16)]), recipe, work / "sft")
     return work, result.checkpoint_path
 
 

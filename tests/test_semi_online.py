@@ -7,7 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from learner.config import VLATrainConfig
+from learner.checkpoints import load_vla
+from learner.config import VLARecipe, VLATrainConfig
 from learner.semi_online import (
     SemiOnlineConfig,
     action_matches,
@@ -18,7 +19,7 @@ from learner.semi_online import (
     sop,
 )
 from learner.vla_export import export_bundle
-from learner.vla_sft import load_vla, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.screen import encode_png
@@ -26,6 +27,11 @@ from schemas import Action
 from tests.factories import box_screen, two_box_screen
 
 TINY = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
+
+
+def tiny_recipe(train: VLATrainConfig, **model) -> VLARecipe:
+    """A TINY model (with `model`'s changes), a 300-token vocabulary, unpruned."""
+    return VLARecipe(model={**TINY, **model}, pruning=PruningConfig(keep_ratio=1.0), vocab_size=300, train=train)
 
 
 def test_a_click_matches_inside_the_experts_element_box():
@@ -71,8 +77,7 @@ def expert_frame(seeds) -> pl.DataFrame:
 def test_semi_online_updates_raise_the_match_rate_without_an_environment(tmp_path):
     train = VLATrainConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=3, seed=0, keep_ratios=(1.0,),
                            progress_bar=False, checkpoint_every=0)  # fmt: skip
-    sft = train_vla(expert_frame(range(16)), train, tmp_path / "sft", model_config=TINY, vocab_size=300,
-                    pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+    sft = train_vla(expert_frame(range(16)), tiny_recipe(train), tmp_path / "sft")
     held_out = expert_frame(range(100, 140))
 
     def sop_of(checkpoint) -> float:
@@ -113,7 +118,7 @@ def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
         frame = expert_trajectories(env, ("click-test", "enter-text"), 2, seed=1_000_000)
         train = VLATrainConfig(steps=2, batch_size=4, seed=0, keep_ratios=(1.0,), progress_bar=False,
                                checkpoint_every=0)  # fmt: skip
-        model = train_vla(frame, train, tmp_path / "m", model_config=TINY, vocab_size=300)
+        model = train_vla(frame, VLARecipe(model=TINY, vocab_size=300, train=train), tmp_path / "m")
         result = evaluate_sop(export_bundle(model.model, model.tokenizer, model.pruning, tmp_path / "m.vla"),
                               ("click-test",), 2, 1_000_000, env=env)  # fmt: skip
     finally:
@@ -158,7 +163,7 @@ def test_expert_trajectories_come_from_the_delta_tables_with_their_boxes(tmp_pat
 
 def _tiny(tmp_path):
     train = VLATrainConfig(steps=1, batch_size=2, seed=0, keep_ratios=(1.0,), progress_bar=False, checkpoint_every=0)
-    result = train_vla(expert_frame(range(2)), train, tmp_path / "tiny", model_config=TINY, vocab_size=300)
+    result = train_vla(expert_frame(range(2)), VLARecipe(model=TINY, vocab_size=300, train=train), tmp_path / "tiny")
     return result.model, result.tokenizer, result.pruning
 
 
@@ -183,8 +188,7 @@ def test_the_prompts_history_is_what_makes_a_two_step_task_on_an_unchanging_scre
     demos, held_out = sequence_frame(range(24)), sequence_frame(range(100, 120))
     success = {}
     for history in (0, 2):
-        model = train_vla(demos, train, tmp_path / f"h{history}", model_config={**TINY, "history_actions": history},
-                          vocab_size=300, pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+        model = train_vla(demos, tiny_recipe(train, history_actions=history), tmp_path / f"h{history}")
         runtime = VLARuntime(export_bundle(model.model, model.tokenizer, model.pruning, tmp_path / f"h{history}.vla"))
         success[history] = sop(runtime, held_out)["sop_success"]
     assert success[0] == 0.0  # the same input twice: the same click twice
@@ -194,8 +198,7 @@ def test_the_prompts_history_is_what_makes_a_two_step_task_on_an_unchanging_scre
 def test_semi_online_rows_keep_the_prompt_they_were_sampled_from_with_patched_history(tmp_path):
     train = VLATrainConfig(steps=2, batch_size=4, seed=0, keep_ratios=(1.0,), progress_bar=False, checkpoint_every=0)
     frame = sequence_frame(range(4))
-    model = train_vla(frame, train, tmp_path / "m", model_config={**TINY, "history_actions": 2}, vocab_size=300,
-                      pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+    model = train_vla(frame, tiny_recipe(train, history_actions=2), tmp_path / "m")
     runtime = VLARuntime(export_bundle(model.model, model.tokenizer, model.pruning, tmp_path / "m.vla"))
     rows = semi_online_rollouts(runtime, frame, SemiOnlineConfig(rollouts=3, max_patches=2), seed=0)
     tok, plain = runtime.tok, runtime.prompt("Click red, then blue.")
@@ -237,8 +240,7 @@ def test_a_semi_online_round_refills_until_enough_groups_are_informative(tmp_pat
 
     train = VLATrainConfig(steps=4, batch_size=8, lr=3e-3, warmup_steps=1, seed=0, keep_ratios=(1.0,),
                            progress_bar=False, checkpoint_every=0)  # fmt: skip
-    sft = train_vla(expert_frame(range(8)), train, tmp_path / "sft", model_config=TINY, vocab_size=300,
-                    pruning=PruningConfig(keep_ratio=1.0))  # fmt: skip
+    sft = train_vla(expert_frame(range(8)), tiny_recipe(train), tmp_path / "sft")
     flat = {"demo-0", "demo-1", "demo-2"}  # the first three in order: their groups come out flat
     monkeypatch.setattr(semi_online, "rollout_advantages",
                         lambda rows, config: np.where(rows["trajectory"].is_in(flat).to_numpy(), 0.0, 1.0))  # fmt: skip

@@ -14,11 +14,14 @@ import torch
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
 from learner.augment import random_view
-from learner.config import VLATrainConfig
+from learner.checkpoints import load_vla
+from learner.config import VLARecipe, VLATrainConfig
+from learner.dataset import VLADataset, tokenizer_corpus
+from learner.lora import apply_lora, merge_lora
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import VLADataset, apply_lora, load_vla, merge_lora, tokenizer_corpus, train_vla
+from learner.vla_sft import train_vla
 from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import decode_png, encode_png, screenshot_to_chw
@@ -30,6 +33,7 @@ pytestmark = pytest.mark.browser  # the data are real MiniWoB++ screens
 TINY = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
 TRAIN = VLATrainConfig(steps=40, batch_size=8, lr=3e-3, warmup_steps=5, keep_ratios=(0.25, 1.0), seed=0,
                        log_every=10, checkpoint_every=20, progress_bar=False)  # fmt: skip
+RECIPE = VLARecipe(model=TINY, vocab_size=400, train=TRAIN)
 
 
 def expert_rows(tasks: tuple[str, ...], episodes: int, seed: int) -> list[dict]:
@@ -62,7 +66,7 @@ def frame() -> pl.DataFrame:
 def trained(frame, tmp_path_factory):
     out = tmp_path_factory.mktemp("vla")
     progress = []
-    result = train_vla(frame, TRAIN, out, model_config=TINY, vocab_size=400, progress=progress.append)
+    result = train_vla(frame, RECIPE, out, progress=progress.append)
     return result, progress, out
 
 
@@ -194,11 +198,11 @@ def test_training_lowers_the_loss_and_checkpoints(trained):
 
 
 def test_resumed_training_ends_with_the_same_weights(frame, tmp_path):
-    whole = train_vla(frame, TRAIN, tmp_path / "whole", model_config=TINY, vocab_size=400)
+    whole = train_vla(frame, RECIPE, tmp_path / "whole")
     half = tmp_path / "half"
-    first = train_vla(frame, TRAIN, half, model_config=TINY, vocab_size=400, stop_at=20)  # "killed" after step 20
+    first = train_vla(frame, RECIPE, half, stop_at=20)  # "killed" after step 20
     assert first.steps == 20
-    resumed = train_vla(frame, TRAIN, half, model_config=TINY, vocab_size=400)  # picks up the step-20 checkpoint
+    resumed = train_vla(frame, RECIPE, half)  # picks up the step-20 checkpoint
     assert resumed.start_step == 20
     for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
@@ -206,8 +210,8 @@ def test_resumed_training_ends_with_the_same_weights(frame, tmp_path):
 
 def test_lora_trains_adapters_only_and_merges_exactly(trained, frame, tmp_path):
     result, _, out = trained
-    lora = train_vla(frame, VLATrainConfig(**{**TRAIN.__dict__, "steps": 10, "lora_rank": 4}), tmp_path,
-                     init_checkpoint=out / "vla_checkpoint.pt")  # fmt: skip
+    adapters = VLARecipe(train=VLATrainConfig(**{**TRAIN.__dict__, "steps": 10, "lora_rank": 4}))
+    lora = train_vla(frame, adapters, tmp_path, init_checkpoint=out / "vla_checkpoint.pt")
     base = result.model.decoder.transformer.h[0].attn.c_attn.weight
     tuned = lora.model.decoder.transformer.h[0].attn.c_attn.weight  # merged
     assert not torch.allclose(base, tuned)  # the adapters moved the merged weight
@@ -335,7 +339,7 @@ AUGMENT = {"augment_shift_px": 6, "augment_scale": 0.05, "augment_colour": 0.1}
 @pytest.fixture(scope="module")
 def trained_reading(frame, tmp_path_factory):
     config = VLATrainConfig(**{**TRAIN.__dict__, **AUGMENT})
-    return train_vla(frame, config, tmp_path_factory.mktemp("reading"), model_config=READING, vocab_size=400)
+    return train_vla(frame, VLARecipe(model=READING, vocab_size=400, train=config), tmp_path_factory.mktemp("reading"))
 
 
 def test_the_reading_encoder_learns_with_augmented_views(trained_reading):
@@ -389,7 +393,7 @@ def test_a_view_moves_the_click_target_with_the_pixels():
 
 
 def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatch):
-    import learner.vla_sft as sft
+    import learner.dataset as dataset
     from learner.augment import IDENTITY, View
 
     tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
@@ -397,8 +401,8 @@ def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatc
     data = VLADataset(frame, tok, cfg, PruningConfig())
     clicks = np.array([i for i, a in enumerate(data.action) if a.type == "click"])
     shift = View(1.0, 5.0, -4.0, IDENTITY.gain, IDENTITY.offset)  # 5 px right, 4 px up
-    monkeypatch.setattr(sft, "random_view", lambda *args, **kwargs: shift)
-    seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT))
+    monkeypatch.setattr(dataset, "random_view", lambda *args, **kwargs: shift)
+    seen = data.batch(clicks, np.random.default_rng(1), VLATrainConfig(**AUGMENT).augmentation)
     for row, i in enumerate(clicks):
         a = data.action[i]
         x_id, y_id = (int(t) for t in seen["text_ids"][row][seen["labels"][row] != -100][-3:-1])  # <x> <y> <eos>
@@ -435,7 +439,7 @@ def test_a_tiny_vla_learns_click_test_from_pixels(tmp_path):
     frame = pl.DataFrame(expert_rows(("click-test",), 40, seed=500))
     config = VLATrainConfig(steps=250, batch_size=16, lr=3e-3, warmup_steps=10, keep_ratios=(0.25,), seed=0,
                             checkpoint_every=0, progress_bar=False)  # fmt: skip
-    result = train_vla(frame, config, tmp_path, model_config=TINY, vocab_size=300)
+    result = train_vla(frame, VLARecipe(model=TINY, vocab_size=300, train=config), tmp_path)
     assert np.mean(result.losses[-10:]) < 0.3 * np.mean(result.losses[:10])
     path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "m.vla")
     # One action per episode: a policy that clicks until it hits would make chance look good.

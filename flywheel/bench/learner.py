@@ -127,8 +127,7 @@ def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> 
 
     recipe = load_recipe(recipe_name)
     train = replace(recipe.train, steps=30, warmup_steps=5, checkpoint_every=0, snapshot_every=0)
-    sft = train_vla(demos, train, work / "sft", model_config=recipe.model, pruning=recipe.pruning,
-                    vocab_size=recipe.vocab_size)  # fmt: skip
+    sft = train_vla(demos, replace(recipe, train=train), work / "sft")
     bundle = export_bundle(sft.model, sft.tokenizer, sft.pruning, work / "sft.vla")
     policy = VLAPolicy(bundle, "bench-sft", sampling=Sampling(1.0, 5, seed=config.seed))
     with GuiEnv(config.tasks[0], EnvConfig(read_dom=False)) as env:
@@ -159,7 +158,8 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
 
     sft = str(data.sft_checkpoint)
     if update == "sft":
-        return lambda stop: (train_vla(data.demos, train, out, init_checkpoint=sft, stop_at=stop), {})
+        recipe = replace(data.recipe, train=train)
+        return lambda stop: (train_vla(data.demos, recipe, out, init_checkpoint=sft, stop_at=stop), {})
     if update == "offline_rl":
         logged = pl.concat([data.demos, data.rollouts])
         return lambda stop: (train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop), {})
@@ -217,9 +217,9 @@ def phases(profiler: Profiler):
     """An SFT step's phases: the batch (data), the model's forward, the loss, backward and the AdamW step."""
     import torch
 
-    from learner import vla, vla_sft
+    from learner import dataset, vla, vla_sft
 
-    wrapped = [(vla_sft.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
+    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
                (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     for owner, name, phase in wrapped:
@@ -237,8 +237,9 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
     import numpy as np
     import torch
 
+    from learner.checkpoints import load_vla
+    from learner.dataset import VLADataset
     from learner.vla import vla_loss
-    from learner.vla_sft import VLADataset, load_vla
     from policy.pruning import keep_count
 
     torch.set_num_threads(threads)

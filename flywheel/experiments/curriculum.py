@@ -217,9 +217,8 @@ class Shared:
         # Every arm imitates the successful demonstrations only (a failed one is no demonstration).
         self.demos = pl.read_parquet(self.dir / "demos.parquet").filter(pl.col("success"))
         started, cpu = time.perf_counter(), time.process_time()
-        self.sft = train_vla(self.demos, replace(self.recipe.train, steps=config.sft_steps), self.dir / "sft",
-                             model_config=self.recipe.model, pruning=self.recipe.pruning,
-                             vocab_size=self.recipe.vocab_size)  # fmt: skip
+        sft_recipe = replace(self.recipe, train=replace(self.recipe.train, steps=config.sft_steps))
+        self.sft = train_vla(self.demos, sft_recipe, self.dir / "sft")
         meta.setdefault("sft_wall_s", round(time.perf_counter() - started, 1))
         meta.setdefault("sft_cpu_s", round(time.process_time() - cpu, 1))
         meta.setdefault("sft_steps", config.sft_steps)
@@ -330,8 +329,8 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     RL), one semi-online update, or an online round (its rollouts collected here, then one PPO update).
     `origin`: the arm's model before its budget (the shared SFT, or offline_only's fresh model). Returns
     (VLAResult, env steps it took, rollout seconds)."""
+    from learner.checkpoints import load_vla
     from learner.stages import StageData, StageRun, run_stage
-    from learner.vla_sft import load_vla
 
     config = shared.config
     # A long schedule sliced by stop_at: past its warm-up the learning rate stays ~rl_lr for the whole budget.
@@ -411,8 +410,9 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
 
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
+    from learner.checkpoints import load_vla
     from learner.vla_export import export_bundle
-    from learner.vla_sft import load_vla, train_vla
+    from learner.vla_sft import train_vla
 
     config, stages, out = shared.config, ARMS[arm], shared.config.out / arm
     state_path = out / "state.json"
@@ -422,9 +422,8 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
     if arm == "offline_only":
         # No SFT: a fresh model (the recipe's, its tokenizer trained on the same demonstrations); the offline
         # stage gets the time SFT took on top of the budget.
-        fresh = train_vla(shared.demos, replace(shared.recipe.train, steps=1), out / "init", stop_at=0,
-                          model_config=shared.recipe.model, pruning=shared.recipe.pruning,
-                          vocab_size=shared.recipe.vocab_size)  # fmt: skip
+        init_recipe = replace(shared.recipe, train=replace(shared.recipe.train, steps=1))
+        fresh = train_vla(shared.demos, init_recipe, out / "init", stop_at=0)
         origin = str(fresh.checkpoint_path)
         budget += shared.meta["sft_wall_s"]
     points = [budget * (k + 1) / config.curve_points for k in range(config.curve_points)]

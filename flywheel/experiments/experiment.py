@@ -9,7 +9,7 @@ fraction of the demonstration episodes, and is evaluated at one or more step cou
      "tasks": "tier1", "base": {recipe}, "arms": [{"name": "patch"},
      {"name": "reading", "model": {"encoder": "reading"}, "train": {...}, "fraction": 0.5, "eval_at": [250, 500]}]}
 
-Everything resumes: an arm's training is checkpointed (learner.vla_sft) and each evaluation is kept in
+Everything resumes: an arm's training is checkpointed (learner.training_run) and each evaluation is kept in
 WORK/<arm>/eval-<step>.json, so a re-run only does what is missing. Evaluations at intermediate steps are
 snapshots of one cosine schedule (the learning rate has not annealed there). Writes WORK/results.json,
 WORK/table.md and WORK/curves.png (success vs training steps, and vs demonstration episodes).
@@ -95,9 +95,8 @@ def run_arm(
             continue
         say(f"arm {arm['name']}: training to step {step} on {data.height} steps "
             f"({data['episode_id'].n_unique()} episodes)")  # fmt: skip
-        result = train_vla(data, replace(recipe.train, log_every=50), out / "train", model_config=recipe.model,
-                           pruning=recipe.pruning, vocab_size=recipe.vocab_size, stop_at=step,
-                           progress=_report)  # fmt: skip
+        result = train_vla(data, replace(recipe, train=replace(recipe.train, log_every=50)), out / "train",
+                           stop_at=step, progress=_report)  # fmt: skip
         timing_path = out / "training.json"
         timing = json.loads(timing_path.read_text()) if timing_path.exists() else {"wall_s": 0.0, "cpu_s": 0.0}
         timing = {
@@ -122,7 +121,7 @@ def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, wo
     release's snapshots) evaluated like an arm, into WORK/checkpoints/eval-<step>.json (resumable)."""
     import torch
 
-    from learner.vla_sft import load_vla
+    from learner.checkpoints import load_vla
 
     out = work / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +144,7 @@ def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, wo
     return entries
 
 
-def _report(p) -> None:  # learner.vla_sft.VLAProgress
+def _report(p) -> None:  # learner.training_run.VLAProgress
     say(f"  step {p.step}/{p.total_steps} loss {p.loss:.3f} (tokens {p.token_nll:.3f}, target patch "
         f"{p.relevance_nll:.2f}) {p.samples_per_s:.1f} samples/s")  # fmt: skip
 
@@ -203,8 +202,8 @@ def pointing_diagnostic(arm_dir: Path, task: str, episodes: int) -> dict:
 
     from edge_client.env import GuiEnv
     from edge_client.experts import expert_for
+    from learner.checkpoints import CHECKPOINT_NAME, load_vla
     from learner.vla import target_patch_index
-    from learner.vla_sft import CHECKPOINT_NAME, load_vla
     from policy.runtime import VLARuntime
     from policy.screen import screenshot_to_chw
     from policy.tokens import char_ids

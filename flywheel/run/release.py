@@ -26,10 +26,11 @@ from core.console import jsonable, say
 from core.settings import SUITE_TASKS, Settings, parse_tasks
 from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.stack import local_stack
+from learner.checkpoints import save_weights
 from learner.config import VLARecipe
 from learner.data import load_samples, table_versions
 from learner.vla_export import export_bundle, quantize_bundle
-from learner.vla_sft import save_weights, train_vla
+from learner.vla_sft import train_vla
 
 REPORT_NAME = "demonstrations.json"
 
@@ -135,10 +136,7 @@ def run_release(config_path: Path, work: Path, release_dir: Path, settings: Sett
     collections = release_demonstrations(config, work, settings)
     frame = demonstration_steps(collections)
     say(f"training the VLA on {frame.height} demonstration steps from {len(collections)} collections")
-    result = train_vla(
-        frame, recipe.train, work / "train", model_config=recipe.model, pruning=recipe.pruning,
-        vocab_size=recipe.vocab_size,
-    )  # fmt: skip
+    result = train_vla(frame, recipe, work / "train")
     pruning = result.pruning  # the checkpoint's, when the run resumed
     bundle = export_bundle(result.model, result.tokenizer, pruning, work / "model.vla")
     quantized = quantize_bundle(bundle, work / "model-int8.vla")

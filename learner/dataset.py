@@ -1,0 +1,137 @@
+"""The steps a stage trains on (demonstrations or rollouts), decoded once, and their batches as model inputs.
+
+`VLADataset` decodes a frame's screenshots, pruning priors and token sequences (prompt, thought + action, or
+a rollout's generated ids); `batch` turns sampled rows into the model's tensors, through random views
+(learner.augment) when asked. `tokenizer_corpus` is what a fresh model's BPE is trained on.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import polars as pl
+import torch
+
+from learner.augment import random_view
+from learner.config import Augmentation
+from learner.vla import IGNORE, VLAConfig, target_patch_index
+from policy.pruning import PruningConfig, patch_prior
+from policy.screen import POSITIONAL_TYPES, decode_png
+from policy.tokens import ActionTokenizer, char_ids, short_thought
+from schemas import Action
+
+
+class VLADataset:
+    """Demonstration steps, decoded once: screenshots (M, 210, 160, 3) uint8, pruning priors, token sequences.
+
+    `batch` with an active Augmentation draws a fresh view (learner.augment) of every sampled step: its
+    screenshot and previous frame are warped alike, the prior is recomputed from them and a click target's
+    coordinate tokens and target patch follow the pixels."""
+
+    def __init__(self, frame: pl.DataFrame, tok: ActionTokenizer, cfg: VLAConfig, pruning: PruningConfig):
+        frame = frame.sort("episode_id", "step")
+        self.tok, self.cfg, self.pruning = tok, cfg, pruning
+        self.screens = np.stack([decode_png(png) for png in frame["screenshot"]])  # (M, 210, 160, 3)
+        self.previous = _previous_index(frame["episode_id"].to_list(), frame["step"].to_list())  # (M,), -1: none
+        self.priors = np.stack([patch_prior(self.screens[i], self._previous_screen(i), cfg.patch_px, pruning)
+                                for i in range(len(self.screens))])  # fmt: skip  # (M, N)
+        self.instruction: list[list[int]] = []
+        self.chars: list[list[int]] = []
+        self.thought: list[str] = []
+        self.action: list[Action] = []
+        self.prompt: list[list[int]] = []
+        # A model's rollout is scored on the ids it generated (exact for importance ratios), a
+        # demonstration on the tokenisation of its thought and action.
+        self.generated: list[list[int]] = []
+        # The prompt's history: the actions of the episode's earlier steps (those taken, as the edge
+        # remembers them), unless a row carries the exact prompt it was sampled from (semi-online rollouts,
+        # whose history holds the expert's action where a step was patched).
+        histories: list[list[Action]] = []
+        explicit = frame["prompt"].to_list() if "prompt" in frame.columns else [None] * frame.height
+        for i, row in enumerate(frame.iter_rows(named=True)):
+            action = Action(row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
+                            key=row["key"] or "")  # fmt: skip
+            before = self.previous[i]
+            histories.append([*histories[before], self.action[before]] if before >= 0 else [])
+            prompt = explicit[i] or tok.prompt_ids(row["instruction"] or "", cfg.max_instruction_tokens,
+                                                   histories[i], cfg.history_actions)  # fmt: skip
+            self.instruction.append(tok.instruction_ids(row["instruction"] or "", cfg.max_instruction_tokens))
+            self.chars.append(char_ids(row["instruction"] or "", cfg.max_instruction_chars))
+            self.thought.append(row["thought"] or "")
+            self.action.append(action)
+            self.prompt.append(prompt)
+            self.generated.append(list(row.get("tokens") or []))
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def _previous_screen(self, i: int) -> np.ndarray | None:
+        return self.screens[self.previous[i]] if self.previous[i] >= 0 else None
+
+    def _target(self, action: Action) -> tuple[float, float] | None:
+        return (action.x, action.y) if action.type in POSITIONAL_TYPES else None
+
+    def batch(self, idx: np.ndarray, rng: np.random.Generator | None = None,
+              augmentation: Augmentation | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The steps `idx` as model inputs; seen through random views when `augmentation` is active (rng draws
+        them)."""
+        augment = augmentation is not None and augmentation.active
+        images, priors, actions = self.screens[idx], self.priors[idx], [self.action[i] for i in idx]
+        if augment:
+            images, priors = images.copy(), priors.copy()
+            for row, i in enumerate(idx):
+                target = self._target(actions[row])
+                view = random_view(rng, augmentation.shift_px, augmentation.scale, augmentation.colour, target)
+                images[row] = view.apply(self.screens[i])
+                previous = self._previous_screen(i)
+                previous = view.apply(previous) if previous is not None else None
+                priors[row] = patch_prior(images[row], previous, self.cfg.patch_px, self.pruning)
+                if target is not None:
+                    x, y = view.point(*target)
+                    actions[row] = msgspec.structs.replace(actions[row], x=x, y=y)
+        if augment and any(self.generated[i] for i in idx):
+            raise ValueError("recorded rollout tokens cannot be augmented: a view would move the clicked pixels")
+        texts, prompt_lens, target_patch = [], [], np.full(len(idx), -1, dtype=np.int64)
+        for row, (i, action) in enumerate(zip(idx, actions, strict=True)):
+            target = self.generated[i] or self.tok.target_ids(self.thought[i], action, self.cfg.max_thought_tokens)
+            texts.append(self.prompt[i] + target)
+            prompt_lens.append(len(self.prompt[i]))
+            if action.type in POSITIONAL_TYPES:
+                target_patch[row] = target_patch_index(action.x, action.y, self.cfg.patch_px)
+        width = max(len(t) for t in texts)
+        text_ids = np.zeros((len(idx), width), dtype=np.int64)
+        labels = np.full((len(idx), width), IGNORE, dtype=np.int64)
+        for row, (text, start) in enumerate(zip(texts, prompt_lens, strict=True)):
+            text_ids[row, : len(text)] = text
+            labels[row, start : len(text)] = text[start:]
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),  # (B, 3, 210, 160)
+            "prior": torch.from_numpy(priors),
+            "instruction_ids": torch.from_numpy(_right_padded([self.instruction[i] for i in idx])),
+            "instruction_chars": torch.from_numpy(_right_padded([self.chars[i] for i in idx])),
+            "text_ids": torch.from_numpy(text_ids),
+            "labels": torch.from_numpy(labels),
+            "target_patch": torch.from_numpy(target_patch),
+        }
+
+
+def _right_padded(rows: list[list[int]]) -> np.ndarray:
+    """(B, max len) int64, rows padded with 0 (every row at least one wide)."""
+    out = np.zeros((len(rows), max(1, max(len(r) for r in rows))), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _previous_index(episodes: list[str], steps: list[int]) -> np.ndarray:
+    """(M,) index of the same episode's previous step, -1 for a first step (or one whose predecessor is absent)."""
+    index = {(e, s): i for i, (e, s) in enumerate(zip(episodes, steps, strict=True))}
+    return np.array([index.get((e, s - 1), -1) for e, s in zip(episodes, steps, strict=True)], dtype=np.int64)
+
+
+def tokenizer_corpus(frame: pl.DataFrame) -> list[str]:
+    """What the BPE is trained on: instructions, short thoughts, typed text and key names of the demonstrations."""
+    texts = [t for t in frame["instruction"].unique().to_list() if t]
+    texts += [short_thought(t) for t in frame["thought"].to_list() if t]
+    texts += [t for t in frame["text"].to_list() + frame["key"].to_list() if t]
+    return texts
