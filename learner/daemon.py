@@ -63,7 +63,10 @@ class DaemonConfig:
     offline_steps: int = 100
     """Optimizer steps of the offline RL stage."""
     rl_lr: float = 3e-4
-    """Learning rate of the RL stages."""
+    """Learning rate of the offline RL stage."""
+    online_lr: float = 3e-5
+    """Learning rate of the online RL updates: a few noisy steps each, where Adam moves every weight by about the
+    learning rate a step (docs/curriculum.md, "the online learning rate")."""
     guidance: Guidance = "refkl"
     """Online RL's offline guidance: 'none', 'refkl' or 'databc'."""
     replay_versions: int = 2
@@ -163,7 +166,8 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     rollouts = rollouts.filter(pl.col("tokens").list.len() > 0)  # sampled by a model (not an expert's)
     demos = load_samples(tables, ("demo",), versions) if config.guidance == "databc" else None
     # One online run across updates: its directory keeps the optimizer going.
-    result = run_stage(StageRun(f"online_rl:{config.guidance}", rl_train, work / "online", start=state.checkpoint,
+    online_train = replace(rl_train, lr=config.online_lr)
+    result = run_stage(StageRun(f"online_rl:{config.guidance}", online_train, work / "online", start=state.checkpoint,
                                 reference=state.sft_checkpoint, env_steps=state.online_env_steps),
                        StageData(rollouts=rollouts, demos=demos))  # fmt: skip
     state.online_env_steps += counts.fresh_steps  # beta's clock: each environment step counted once

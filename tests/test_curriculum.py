@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
 from flywheel.experiments.curriculum import ARMS, choose_rl_set, stage_at, tier_means
 
 
@@ -41,7 +43,7 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
             "--selection-episodes", "2", "--eval-episodes", "3", "--tier1-episodes", "2", "--curve-points", "1",
             "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
             "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
-            "--arms", "sft,sft_ppo,offline_only"]  # fmt: skip
+            "--online-lr", "1e-5", "--arms", "sft,sft_ppo,offline_only"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
@@ -64,6 +66,9 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     # Online RL pays for its own rollouts, offline RL for the logged fleet's; SFT only for the demonstrations.
     assert online["env_steps"] > sft["env_steps"] > 0 and offline["env_steps"] > sft["env_steps"]
     assert (out / "curriculum.png").stat().st_size > 0
+    # The online stage steps at its own learning rate, not the SFT and offline stages' rl_lr.
+    online = torch.load(out / "sft_ppo" / "online" / "vla_checkpoint.pt", weights_only=True)
+    assert online["optimizer"]["param_groups"][0]["lr"] == 1e-5 and online["train_config"]["lr"] == 1e-5
 
     states = {arm: json.loads((out / arm / "state.json").read_text()) for arm in report["arms"]}
     again = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -92,4 +97,5 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     evaluated = json.loads((tune_out / "sft" / "eval-1.json").read_text())
     assert evaluated["seed"] == 900_000 and len(evaluated["success_by_seed"][rl_set["tasks"][0]]) == 2
     start = json.loads((out / "shared" / "eval-selection.json").read_text())
-    assert tune_report["arms"]["sft"]["curve"][0]["per_task"][rl_set["tasks"][0]] == start["tasks"][rl_set["tasks"][0]]
+    tune_start = json.loads((tune_out / "sft" / "state.json").read_text())["curve"][0]
+    assert tune_start["per_task"][rl_set["tasks"][0]] == start["tasks"][rl_set["tasks"][0]]
