@@ -80,6 +80,9 @@ class OnlineRLConfig:
     """The importance weight pi_old / mu is truncated here (stale behaviour versions, the sampler's tempering)."""
     epochs: int = 2
     """Passes over each rollout batch (fresh rollouts and the replay) ..."""
+    minibatch_rows: int = 0
+    """... in minibatches of about this many steps (0: the recipe's batch_size): Adam moves every weight by about
+    the learning rate a step whatever the gradient, so a larger minibatch buys a less noisy direction per step."""
     thought_kl: float = 1.0
     """Weight of KL(pi_theta || pi_SFT) on the thought's tokens, every update, whatever the guidance: the
     surrogate trains the action, and without this anchor the shared decoder carried the greedy thought into
@@ -209,7 +212,8 @@ def ppo_update(
     for _ in range(rl.epochs if len(informative) else 0):
         if stopped_early:
             break
-        for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // train.batch_size)):
+        rows_per_step = rl.minibatch_rows or train.batch_size
+        for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // rows_per_step)):
             batch = data.batch(chunk)
             masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
             logp, logp_all, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)

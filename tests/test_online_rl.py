@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 import pytest
@@ -235,6 +237,18 @@ def test_an_update_stops_when_its_policy_has_moved_too_far_from_pi_old(sft, tmp_
     full = ppo_update(frame, train, OnlineRLConfig(guidance="none", target_kl=0.0), sft_path, sft_path, tmp_path / "b")
     assert (cut.diagnostics["optimizer_steps"], cut.diagnostics["stopped_early"]) == (1, True)
     assert full.diagnostics["optimizer_steps"] > 1 and not full.diagnostics["stopped_early"]
+
+
+def test_a_whole_batch_minibatch_takes_one_optimizer_step_per_epoch(sft, tmp_path):
+    _, sft_path = sft
+    frame = sampled_rows(sft_path, tmp_path)
+    train = VLATrainConfig(batch_size=4, lr=1e-4, seed=0, progress_bar=False)
+    rl = OnlineRLConfig(guidance="none", target_kl=0.0, epochs=3)
+    small = ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / "small")
+    whole = ppo_update(frame, train, replace(rl, minibatch_rows=len(frame)), sft_path, sft_path, tmp_path / "whole")
+    informative = whole.diagnostics["informative_rows"]
+    assert informative >= 8 and whole.diagnostics["optimizer_steps"] == 3  # one step per epoch over every row
+    assert small.diagnostics["optimizer_steps"] == 3 * (informative // 4)
 
 
 def test_the_thought_stays_near_sft_while_the_action_trains(sft, tmp_path):

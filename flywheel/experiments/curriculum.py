@@ -127,6 +127,10 @@ class CurriculumConfig:
     moves every weight by about the learning rate a step whatever the gradient's size: at 3e-4 one step moved the
     action tokens by a KL of 0.12 (PPO's early stop then ended each update after that step) and the pointer
     collapsed within 30 rounds; at 3e-5 a step moves them ~0.005 and an update takes 6-18 steps."""
+    online_epochs: int = 2
+    """Passes of each online update over its rollouts (the fresh round's and the replay's) ..."""
+    online_minibatch_rows: int = 0
+    """... in minibatches of about this many steps (0: the recipe's batch size; learner.online_rl.OnlineRLConfig)."""
     offline_share: float = 0.3
     """Share of an arm's budget its offline stage gets when an online stage follows."""
     semi_online_trajectories: int = 16
@@ -335,6 +339,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     `origin`: the arm's model before its budget (the shared SFT, or offline_only's fresh model). Returns
     (VLAResult, env steps it took, rollout seconds)."""
     from learner.checkpoints import load_vla
+    from learner.online_rl import OnlineRLConfig
     from learner.stages import StageData, StageRun, run_stage
 
     config = shared.config
@@ -362,7 +367,8 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     rollout_s = time.perf_counter() - t0
     guidance = stage.split(":")[1]
     data = StageData(rollouts=rollouts, demos=shared.demos if guidance == "databc" else None)
-    return run_stage(run, data), env_steps, rollout_s
+    online = OnlineRLConfig(epochs=config.online_epochs, minibatch_rows=config.online_minibatch_rows)
+    return run_stage(run, data, online=online), env_steps, rollout_s
 
 
 def semi_online_config(config: CurriculumConfig, stage: str):
