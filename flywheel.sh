@@ -2,7 +2,7 @@
 # The one entry point for a fresh machine:
 #   ./flywheel.sh demo --turns 2 --clients 2 --out runs/demo   # install what is missing, run the flywheel
 #   ./flywheel.sh test                                         # install what is missing, run the test suite
-#   ./flywheel.sh <any flywheel subcommand>                    # e.g. eval, kafka up, process, edge, learn
+#   ./flywheel.sh <any flywheel subcommand>                    # e.g. eval, kafka up, process, edge, sft
 # Everything runs in the environment ops/setup.sh builds from the lock (ops/lock/all.txt), outside the clone.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -99,3 +99,11 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     start = json.loads((out / "shared" / "eval-selection.json").read_text())
     tune_start = json.loads((tune_out / "sft" / "state.json").read_text())["curve"][0]
     assert tune_start["per_task"][rl_set["tasks"][0]] == start["tasks"][rl_set["tasks"][0]]
+    # A shared part without the selection's evaluation (its RL set was given): the start is evaluated on the
+    # selection seeds too, once.
+    bare = tmp_path / "tune-bare"
+    shutil.copytree(out / "shared", bare / "shared")
+    (bare / "shared" / "eval-selection.json").unlink()
+    bare_args = [a if a != str(tune_out) else str(bare) for a in tune_args]
+    assert subprocess.run(bare_args, capture_output=True, text=True, timeout=600).returncode == 0
+    assert json.loads((bare / "shared" / "eval-selection.json").read_text())["seed"] == 900_000

@@ -120,7 +120,7 @@ def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
                                checkpoint_every=0)  # fmt: skip
         model = train_vla(frame, VLARecipe(model=TINY, vocab_size=300, train=train), tmp_path / "m")
         result = evaluate_sop(export_bundle(model.model, model.tokenizer, model.pruning, tmp_path / "m.vla"),
-                              ("click-test",), 2, 1_000_000, env=env)  # fmt: skip
+                              ("click-test",), 2, 1_000_000)  # fmt: skip
     finally:
         env.close()
     clicks = frame.filter(pl.col("action_type") == "click")

@@ -233,12 +233,12 @@ class Shared:
         meta.setdefault("sft_steps", config.sft_steps)
         self.sft_checkpoint = str(self.sft.checkpoint_path)
         if "rl_set" not in meta:
-            meta["rl_set"] = self._choose_rl_set(evaluate_model)
+            meta["rl_set"] = self._choose_rl_set()
         self.rl_set: list[str] = meta["rl_set"]["tasks"]
         meta_path.write_text(json.dumps(meta, indent=2))
         self.meta, self._logged = meta, None
 
-    def _choose_rl_set(self, evaluate_model) -> dict:
+    def _choose_rl_set(self) -> dict:
         config = self.config
         seeds = [SELECTION_SEED, SELECTION_SEED + config.selection_episodes - 1]
         if config.rl_tasks:
@@ -290,23 +290,23 @@ class Shared:
         return self.meta["demo_env_steps"] + self.meta["log_env_steps"]
 
     def start_point(self) -> dict:
-        """The shared SFT evaluated once on the evaluation seeds (OUT/shared/eval-0.json): every SFT arm's curve
-        starts there."""
-
+        """The shared SFT's evaluation (start_entry) as a curve point: every SFT arm's curve starts there."""
         entry = self.start_entry()
         return {"env_steps": self.meta["demo_env_steps"], "spent_s": 0.0, "stage": "sft",
                 **point_summary(entry, self.rl_set, self.config.tier1_episodes)}  # fmt: skip
 
     def start_entry(self) -> dict:
         """The shared SFT's evaluation every arm is paired with: on the evaluation seeds (OUT/shared/eval-0.json,
-        evaluated on first use), or in a tuning run the RL-set selection's (every suite task, selection seeds)."""
-
-        path = self.dir / ("eval-selection.json" if self.config.tune else "eval-0.json")
+        evaluated on first use), or in a tuning run on the selection seeds (OUT/shared/eval-selection.json, the
+        RL-set selection's evaluation, or evaluated here when the RL set was given)."""
+        step = "selection" if self.config.tune else 0
+        path = self.dir / f"eval-{step}.json"
         if path.exists():
             return json.loads(path.read_text())
-        meta = {"arm": "shared-sft", "step": 0, "parameters": self.sft.model.num_parameters()}
-        return evaluate_model(self.sft.model, self.sft.tokenizer, self.sft.pruning, meta, tuple(self.eval_episodes()),
-                              self.eval_episodes(), self.dir, self.config.eval_browsers)  # fmt: skip
+        meta = {"arm": "shared-sft", "step": step, "parameters": self.sft.model.num_parameters()}
+        sft, episodes = self.sft, self.eval_episodes()
+        return evaluate_model(sft.model, sft.tokenizer, sft.pruning, meta, tuple(episodes), episodes, self.dir,
+                              self.config.eval_browsers, seed=self.eval_seed)  # fmt: skip
 
     def eval_episodes(self) -> dict[str, int]:
         """Per evaluated task: the RL set at eval_episodes (selection_episodes in a tuning run), the other Tier 1

@@ -127,22 +127,25 @@ def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, m
     return pl.concat(frames)
 
 
-def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
-                 keep_ratio: float | None = None, env=None) -> dict:  # fmt: skip
-    """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
+def record_expert_trajectories(tasks: tuple[str, ...], episodes: int, seed: int) -> pl.DataFrame:
+    """expert_trajectories in a browser of its own (opened and closed here): what SOP replays."""
     from edge_client.env import GuiEnv
+
+    env = GuiEnv(tasks[0])
+    try:
+        say(f"sop: the experts record {episodes} trajectories per task on {len(tasks)} tasks")
+        return expert_trajectories(env, tasks, episodes, seed)
+    finally:
+        env.close()
+
+
+def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
+                 keep_ratio: float | None = None) -> dict:  # fmt: skip
+    """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
     from learner.semi_online import sop
     from policy.runtime import VLARuntime
 
-    own = env is None
-    env = env or GuiEnv(tasks[0])
-    try:
-        say(f"sop: the experts record {episodes} trajectories per task")
-        frame = expert_trajectories(env, tasks, episodes, seed)
-    finally:
-        if own:
-            env.close()
-    return sop(VLARuntime(bundle, keep_ratio=keep_ratio), frame)
+    return sop(VLARuntime(bundle, keep_ratio=keep_ratio), record_expert_trajectories(tasks, episodes, seed))
 
 
 def run_eval(config: EvalConfig, settings: Settings) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.console import say
-from flywheel.experiments.evaluation import EVAL_SEED, expert_trajectories
+from flywheel.experiments.evaluation import EVAL_SEED, record_expert_trajectories
 
 
 def r_squared(xs: list[float], ys: list[float]) -> float:
@@ -29,7 +29,6 @@ def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) ->
     OUT/sop.png."""
     import json
 
-    from edge_client.env import GuiEnv
     from learner.semi_online import sop
 
     points = []
@@ -44,12 +43,7 @@ def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) ->
     run = curriculum / "curriculum.json"
     rl_set = json.loads(run.read_text()).get("rl_set", {}).get("tasks") if run.exists() else None
     tasks = tuple(rl_set or points[0][2]["tasks"])
-    env = GuiEnv(tasks[0])
-    try:
-        say(f"sop: the experts record {episodes} trajectories per task on {len(tasks)} tasks")
-        frame = expert_trajectories(env, tasks, episodes, seed)
-    finally:
-        env.close()
+    frame = record_expert_trajectories(tasks, episodes, seed)  # once, every checkpoint replays them
     from policy.runtime import VLARuntime
 
     rows = []
