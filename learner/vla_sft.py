@@ -47,9 +47,10 @@ def train_vla(
 
     Resumes from out_dir's checkpoint when there is one. Otherwise starts from `init_checkpoint` (its
     weights and tokenizer, fresh optimiser), else a fresh model of the recipe (`model`, `pruning`) with a
-    tokenizer of `vocab_size` trained on the frame. Seeded: the same frame and recipe give the same weights,
-    whether or not the run was interrupted. `stop_at`: checkpoint and return after this step (a run sliced
-    across sessions).
+    tokenizer of `vocab_size` trained on the frame. Seeded: the same frame and recipe give the same weights
+    on the same CPU, whether or not the run was interrupted (another CPU's kernels round differently: the
+    weights of 1,200 steps differ, though evaluating one bundle gives the same episodes on both). `stop_at`:
+    checkpoint and return after this step (a run sliced across sessions).
     """
     config = recipe.train
 

@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from core.machine import machine
 from flywheel.experiments.curriculum import ARMS, choose_rl_set, stage_at, tier_means
 
 
@@ -58,6 +59,7 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
         assert lo <= entry["rl_set_mean"] <= hi and "vs_sft" in entry and "vs_start" in entry
         assert entry["curve"][-1]["spent_s"] >= 3.0 and entry["rounds"] >= 1  # the budget was spent training
         assert len(entry["diagnostics"]) == entry["rounds"] and (out / arm / "final.vla").exists()
+        assert entry["machines"] == [machine()]  # the wall-clock budget's machine, once however many rounds
         evaluated = json.loads((out / arm / "eval-1.json").read_text())["success_by_seed"]
         assert len(evaluated[rl_set["tasks"][0]]) == 3  # the RL set on its 3 evaluation seeds, every arm alike
     sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from core.machine import machine
 from core.settings import TIER1_TASKS, TIER2_TASKS
 from edge_client.episode import Env, EpisodeResult, StepRecord, run_episode
 from registry.store import RELEASE_DIR
@@ -274,7 +275,7 @@ def figures(results: list[EpisodeResult], wall_s: float, profiler: Profiler | No
 def run_bench(config: EnvBenchConfig) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"config": {**asdict(config), "out": str(config.out), "model": str(config.model)},
-                              "paths": {}}  # fmt: skip
+                              "machine": machine(), "paths": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as spool_dir:
         for path in config.paths:
             for policy in config.policies:

@@ -26,8 +26,6 @@ Results: DIR/learner_bench.json.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -37,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from core.machine import machine
 from core.settings import TIER1_TASKS
 from flywheel.bench.env import Profiler
 from flywheel.experiments.evaluation import run_episodes
@@ -286,8 +285,7 @@ def run_bench(config: LearnerBenchConfig) -> dict:
     report: dict[str, Any] = {
         "config": {**asdict(config), "out": str(config.out)},
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
+            **machine(),
             "torch": torch.__version__,
             "mkldnn": torch.backends.mkldnn.is_available(),
             "blas": torch.backends.mkl.is_available() and "mkl" or "other",

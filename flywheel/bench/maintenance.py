@@ -23,6 +23,7 @@ import msgspec
 import polars as pl
 from deltalake import DeltaTable
 
+from core.machine import machine
 from core.settings import Settings
 from flywheel.bench.synthetic import bench_step
 from lake.pins import pinned
@@ -124,6 +125,7 @@ def run_bench(config: MaintenanceBenchConfig, settings: Settings) -> dict:
     after = measure(uri, probes, config.repeats)
     result = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "machine": machine(),
         "build_s": round(build_s, 1),
         "maintenance_s": round(report.wall_s, 1),
         "files_vacuumed": len(report.tables[0].vacuumed),

@@ -37,6 +37,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 from kafka import TopicPartition
 
+from core.machine import machine
 from core.processes import Child
 from core.settings import Settings
 from core.stats import percentile
@@ -257,7 +258,7 @@ def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes
 def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
-    report: dict = {}
+    report: dict = {"machine": machine()}
     with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for both modes
         for mode in MODES:
             report[mode] = run_mode(mode, config, stack.settings, screens)

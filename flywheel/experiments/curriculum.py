@@ -47,6 +47,7 @@ import numpy as np
 import polars as pl
 
 from core.console import say
+from core.machine import machine
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
 from core.stats import mean_ci, paired_diff_ci
 from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model, run_episodes, sampling_policy
@@ -164,6 +165,8 @@ class ArmState:
     replay: list[str] = field(default_factory=list)  # the last rounds' informative groups (parquet files)
     semi_cursor: int = 0  # the next expert trajectory a semi-online round starts from
     diagnostics: list[dict] = field(default_factory=list)  # one per round
+    # Where its rounds ran (core.machine): the budget is wall-clock, so the CPU says what it bought.
+    machines: list[dict] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path) -> ArmState:
@@ -453,6 +456,8 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
         state.curve[0] = state.curve[0] | {"env_steps": shared_env_steps}
         state.save(state_path)
     while len(state.curve) - 1 < config.curve_points:
+        if machine() not in state.machines:
+            state.machines.append(machine())
         stage = stage_at(stages, state.spent_s, budget, config.offline_share)
         t0, c0 = time.perf_counter(), time.process_time()
         result, env_steps, rollout_s = train_round(arm, stage, state, shared, env, out, origin)
@@ -487,7 +492,7 @@ def arm_summary(arm: str, stages: tuple[str, ...], state: ArmState) -> dict:
             "env_steps_per_s": round(own_env_steps_per_s, 2) if own_env_steps_per_s else None,
             "curve": [{k: p[k] for k in ("env_steps", "spent_s", "stage", "rl_set_mean", "rl_set_ci", "tier1_mean")}
                       for p in state.curve],
-            "diagnostics": state.diagnostics}  # fmt: skip
+            "machines": state.machines, "diagnostics": state.diagnostics}  # fmt: skip
 
 
 def final_success_by_seed(report: dict, arm: str, out: Path) -> dict | None:
