@@ -54,6 +54,7 @@ from learner.rl_losses import (
     kl_to_reference,
     ppo_clip_loss,
     state_value_advantages,
+    weigh_failures,
 )
 from learner.training_run import VLAResult, open_run
 from learner.vla import IGNORE, target_patch_nll
@@ -91,6 +92,8 @@ class OnlineRLConfig:
     """... cut short when a minibatch's approximate KL(pi_old || pi_theta) on its action tokens passes 1.5x this
     (0: never): without it an update of ~18 steps moved the action tokens by a KL of 0.3-0.45 from pi_old
     (ratio 5 % quantile 0.1) and the policy away from SFT by ~2.8 nats a token within 17 updates."""
+    negative_weight: float = 1.0
+    """Share of a negative advantage applied (rl_losses.weigh_failures): 1 symmetric, 0 successes only."""
     demo_batch_size: int = 16
     """DataBC: demonstrations per minibatch."""
     gamma: float = 0.9
@@ -196,7 +199,7 @@ def ppo_update(
     given = "advantage" in rollouts.columns
     advantages = rollouts["advantage"].to_numpy().copy() if given else step_credit_advantages(
         rollouts, rl.gamma, rl.verify_penalty)  # fmt: skip
-    advantages = torch.from_numpy(advantages).float()
+    advantages = weigh_failures(torch.from_numpy(advantages).float(), rl.negative_weight)
     teach = torch.from_numpy(relevance_targets(rollouts))
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
     beta = guidance_beta(env_steps, rl.beta, rl.beta_warmup_env_steps, rl.beta_anneal_env_steps)

@@ -131,6 +131,14 @@ def ppo_clip_loss(
     return masked_mean(-weight * surrogate, mask)
 
 
+def weigh_failures(advantages: torch.Tensor, negative_weight: float) -> torch.Tensor:
+    """(M,) the advantages with the negative ones scaled by `negative_weight`: 1 is the policy gradient as
+    written; below 1 a failure pushes its tokens down less than a success pulls its own up; 0 learns from the
+    successes only (advantage-weighted imitation of the fleet's own successes: expert iteration / RFT). Pushing
+    down a sampled pointer token moves its probability to every other cell, which no success asked for."""
+    return torch.where(advantages < 0, negative_weight * advantages, advantages)
+
+
 def kl_to_reference(
     logp_all: torch.Tensor,  # (B, T, V) log pi_theta over the vocabulary, -inf outside the grammar
     ref_logp_all: torch.Tensor,  # (B, T, V) log pi_SFT, the same support

@@ -21,6 +21,7 @@ from learner.rl_losses import (
     masked_mean,
     ppo_clip_loss,
     state_value_advantages,
+    weigh_failures,
 )
 
 t = torch.tensor
@@ -89,6 +90,24 @@ def test_an_on_policy_update_starts_at_ratio_1_and_reinforces_a_success_through_
     weight = min(pi[token] / math.exp(log_mu[token]), 5.0)
     assert logp.grad.item() == pytest.approx(-weight)  # gradient descent raises log pi of the rare success
     assert logp.grad.item() < -1.5  # not clipped away (a ratio against mu would be ~2: outside 1 +- 0.2)
+
+
+def test_a_failures_push_is_scaled_by_the_negative_weight_and_a_successs_pull_is_not():
+    advantages = t([1.5, -0.5, 0.0, -2.0])
+    assert torch.equal(weigh_failures(advantages, 1.0), advantages)
+    assert torch.allclose(weigh_failures(advantages, 0.25), t([1.5, -0.125, 0.0, -0.5]))
+
+    # Through the loss: with weight 0 the failure's tokens get no gradient, the success's the same as before.
+    def grads(negative_weight: float) -> torch.Tensor:
+        logp = torch.log(t([[0.3], [0.3]])).requires_grad_()
+        old = logp.detach().clone()
+        weighed = weigh_failures(t([1.0, -1.0]), negative_weight)
+        ppo_clip_loss(logp, old, old, weighed, torch.ones(2, 1)).backward()
+        return logp.grad[:, 0]
+
+    symmetric, successes_only = grads(1.0), grads(0.0)
+    assert symmetric[0] < 0 < symmetric[1]  # descent raises the success's log pi and lowers the failure's
+    assert successes_only[0] == symmetric[0] and successes_only[1] == 0.0
 
 
 def test_kl_to_reference_is_exact_over_the_allowed_tokens():

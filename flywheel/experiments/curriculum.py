@@ -132,6 +132,12 @@ class CurriculumConfig:
     """Passes of each online update over its rollouts (the fresh round's and the replay's) ..."""
     online_minibatch_rows: int = 0
     """... in minibatches of about this many steps (0: the recipe's batch size; learner.online_rl.OnlineRLConfig)."""
+    online_negative_weight: float = 1.0
+    """Share of a failure's negative advantage an online update applies (1: PPO as written, 0: the successes
+    only; learner.rl_losses.weigh_failures)."""
+    online_target_kl: float = 0.02
+    """An online update stops at a minibatch this far (approximate KL on the action tokens, x1.5) from pi_old
+    (0: never; learner.online_rl.OnlineRLConfig.target_kl)."""
     offline_share: float = 0.3
     """Share of an arm's budget its offline stage gets when an online stage follows."""
     semi_online_trajectories: int = 16
@@ -370,7 +376,9 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     rollout_s = time.perf_counter() - t0
     guidance = stage.split(":")[1]
     data = StageData(rollouts=rollouts, demos=shared.demos if guidance == "databc" else None)
-    online = OnlineRLConfig(epochs=config.online_epochs, minibatch_rows=config.online_minibatch_rows)
+    online = OnlineRLConfig(epochs=config.online_epochs, minibatch_rows=config.online_minibatch_rows,
+                            negative_weight=config.online_negative_weight,
+                            target_kl=config.online_target_kl)  # fmt: skip
     return run_stage(run, data, online=online), env_steps, rollout_s
 
 
