@@ -104,6 +104,8 @@ def measure(uri: str, probes: dict[str, int], repeats: int) -> dict:
 
 
 def run_bench(config: MaintenanceBenchConfig, settings: Settings) -> dict:
+    if config.commits < 60:  # the probes read versions down to 50 below the last
+        raise ValueError(f"--commits {config.commits}: the benchmark probes versions 50 below the last; use >= 60")
     settings = settings.model_copy(update={"data_dir": (config.out / "data").resolve()})
     shutil.rmtree(settings.data_dir, ignore_errors=True)
     build_s = build_steps_table(settings, config)
