@@ -463,9 +463,10 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
         state.curve = [shared.start_point() if origin == shared.sft_checkpoint else evaluate(*load_vla(origin), 0)]
         state.curve[0] = state.curve[0] | {"env_steps": shared_env_steps}
         state.save(state_path)
+    here = machine()
     while len(state.curve) - 1 < config.curve_points:
-        if machine() not in state.machines:
-            state.machines.append(machine())
+        if here not in state.machines:
+            state.machines.append(here)
         stage = stage_at(stages, state.spent_s, budget, config.offline_share)
         t0, c0 = time.perf_counter(), time.process_time()
         result, env_steps, rollout_s = train_round(arm, stage, state, shared, env, out, origin)
