@@ -1,9 +1,13 @@
+"""Every final evaluation of a curriculum run (default runs/curriculum-23b) on the RL set, paired with both
+machines' `sft`: python pairs.py [RUN_DIR]."""
+
 import json
+import sys
 from pathlib import Path
 
 from core.stats import mean_ci, paired_diff_ci
 
-out = Path("/work/main/runs/curriculum-23b")
+out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/curriculum-23b")
 rl = json.loads((out / "curriculum.json").read_text())["rl_set"]["tasks"]
 
 
