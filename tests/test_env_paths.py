@@ -40,19 +40,33 @@ def trajectory(result: EpisodeResult) -> tuple:
     return (*outcome(result), [r.decision.action for r in result.records])
 
 
+# Stock hands over the screen while an animation still runs and our fast path waits for it to settle
+# (edge_client/env.py). On click-collapsible the expert then clicks Submit where it was, not where the sliding
+# section has pushed it, and whether that click lands depends on the machine's timing: stock failed 0 of 9
+# seeds on one machine and 7 of 9 on the next (Chromium 156). Its outcome there measures the machine, not the path.
+ANIMATED_ON_STOCK = ("click-collapsible",)
+
+
 def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path() -> None:
-    tasks = list(TIER1_TASKS) + list(TIER2_TASKS)
+    tasks = [t for t in list(TIER1_TASKS) + list(TIER2_TASKS) if t not in ANIMATED_ON_STOCK]
     stock: list[EpisodeResult] = []
     for task in tasks:  # one stock browser per task: closed before the next, as stock has no task switching
         with StockEnv() as env:
             stock += outcomes(env, expert_for, [task])
     with GuiEnv(tasks[0], EnvConfig(path="fast")) as env:
         fast = outcomes(env, expert_for, tasks)
-
     assert len(fast) == len(stock) >= 200
-    # Rewards, not actions: stock does not wait for animations to settle, so an expert may click a section
-    # header of click-collapsible while it still slides, at other pixels, with the same result.
-    assert [outcome(r) for r in fast] == [outcome(r) for r in stock]
+
+    # Rewards, not actions: an expert may click a moving target at other pixels with the same result. A loaded
+    # machine can still change a stock outcome, so an episode that disagrees is replayed on stock up to twice;
+    # the fast path gets no second chance, and more than a few replays needed means the paths differ.
+    disagreeing = [i for i, (f, s) in enumerate(zip(fast, stock, strict=True)) if outcome(f) != outcome(s)]
+    assert len(disagreeing) <= 3, [outcome(stock[i]) for i in disagreeing]
+    for i in disagreeing:
+        task, seed = fast[i].task, fast[i].seed
+        with StockEnv() as env:
+            replays = [run_episode(env, expert_for(task), task, seed) for _ in range(2)]
+        assert outcome(fast[i]) in [outcome(r) for r in replays], (outcome(fast[i]), [outcome(r) for r in replays])
     # The experts succeed on the suite: pairs of failures alone would prove little.
     assert sum(r.success for r in fast) / len(fast) > 0.9
 
