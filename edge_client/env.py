@@ -141,6 +141,7 @@ _READ_JS = Template("""(async () => {$helpers
   return observe(metadata());
 })()""")
 _DONE_JS = "WOB_DONE_GLOBAL"
+_DOM_JS = "(WOB_DONE_GLOBAL ? null : core.getDOMInfo())"
 
 TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows x columns x RGB
 
@@ -354,6 +355,15 @@ class GuiEnv:
         self._step += 1
         info = step_info(done, meta, env_ms, invalid)
         return StepResult(self._observation(raw_obs, meta, done), float(reward), done, info)
+
+    def read_dom(self) -> DOMElement | None:
+        """The DOM of the screen now on the page (None once the episode ended): what a teacher labels. An env that
+        does not read the DOM at each step (read_dom=False, a model's) reads it here only when asked."""
+        if self.config.path == "fast":
+            dom = self._read_page(_DOM_JS)
+        else:
+            dom = self.driver.execute_script(f"return {_DOM_JS};")
+        return None if dom is None else DOMElement(dom)
 
     def close(self) -> None:
         self._close_devtools()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from selenium.common.exceptions import WebDriverException
 
 from edge_client.env import StepResult, task_name
+from edge_client.teacher import Teacher
 from edge_client.verify import verify_step
 from policy.interface import Decision, Observation, Policy
 from schemas import Action, Termination, Verify
@@ -34,6 +35,8 @@ class Env(Protocol):
 
     def step(self, action: Action) -> StepResult: ...
 
+    def read_dom(self) -> Any: ...  # the DOM of the screen now shown, for a teacher (only when one is asked)
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -49,6 +52,9 @@ class StepRecord:
     act_ms: float = 0.0
     verify_ms: float = 0.0
     result: StepResult | None = None  # None when the env was not stepped (gave_up) or failed (error)
+    teacher: Decision | None = None  # the teacher's label of `obs` (edge_client.teacher), None: not asked
+    teacher_reason: str = ""  # why it was asked
+    teacher_ms: float = 0.0  # the DOM read and the teacher's call
 
     @property
     def done(self) -> bool:
@@ -92,16 +98,20 @@ def run_episode(
     seed: int,
     max_steps: int = 10,
     on_step: Callable[[StepRecord], None] | None = None,
+    teacher: Teacher | None = None,
 ) -> EpisodeResult:
     """Reset `env` to (task, seed) and let `policy` act until the episode ends; `on_step` sees each step
-    as soon as it is recorded (the runner publishes it there)."""
+    as soon as it is recorded (the runner publishes it there). `teacher`: labels the screens its rule picks."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     t0 = time.perf_counter()
     obs = env.reset(seed=seed, task=task)
+    if teacher is not None:
+        teacher.begin_episode(task_name(task))
     records: list[StepRecord] = []
     for step in range(max_steps):
-        record = _step(env, policy, obs, step, last=step == max_steps - 1)
+        previous_ok = records[-1].verify.ok if records else None
+        record = _step(env, policy, obs, step, step == max_steps - 1, teacher, previous_ok)
         records.append(record)
         if on_step is not None:
             on_step(record)
@@ -112,10 +122,13 @@ def run_episode(
     final = records[-1]
     assert final.termination is not None  # the last allowed step always ends the episode
     wall_s = time.perf_counter() - t0
+    if teacher is not None:
+        teacher.end_episode(task_name(task), final.termination == "success")
     return EpisodeResult(task_name(task), seed, len(records), final.reward, final.termination, wall_s, records)
 
 
-def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool) -> StepRecord:
+def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool, teacher: Teacher | None = None,
+          previous_ok: bool | None = None) -> StepRecord:  # fmt: skip
     started = time.perf_counter()
     try:
         decision = policy.act(obs)  # think
@@ -126,6 +139,8 @@ def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool) -> 
         decision = Decision(thought=f"Giving up: {err}.", action=Action(type="noop"))
         return _ended_by_loop(step, obs, decision, "gave_up", _ms_since(started))
     think_ms = _ms_since(started)
+    label, why, teacher_ms = _ask_teacher(env, teacher, obs, decision, previous_ok)
+    started += teacher_ms / 1000  # the teacher's time is neither thinking nor acting
     try:
         result = env.step(decision.action)  # act
     except WebDriverException as err:
@@ -136,7 +151,25 @@ def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool) -> 
     check = verify_step(obs.screenshot, result.obs.screenshot, decision.action, decision.expected, result)
     termination, reward = ending(result, last)
     verify_ms = _ms_since(started) - think_ms - act_ms
-    return StepRecord(step, obs, decision, check, reward, termination, think_ms, act_ms, verify_ms, result)
+    return StepRecord(step, obs, decision, check, reward, termination, think_ms, act_ms, verify_ms, result, label,
+                      why, teacher_ms)  # fmt: skip
+
+
+def _ask_teacher(env: Env, teacher: Teacher | None, obs: Observation, decision: Decision,
+                 previous_ok: bool | None) -> tuple[Decision | None, str, float]:  # fmt: skip
+    """(the teacher's label of `obs`, why it was asked, ms spent): the DOM is read only when a label is due, from
+    the screen the policy chose on (the action has not run yet)."""
+    why = teacher.reason(decision, previous_ok) if teacher is not None else None
+    if why is None:
+        return None, "", 0.0
+    if (known := teacher.known(obs)) is not None:  # labelled before: the same label, no call
+        return teacher.reuse(known), why, 0.0
+    if not teacher.affordable():
+        return None, "", 0.0
+    started = time.perf_counter()
+    dom = obs.dom if obs.dom is not None else env.read_dom()
+    label = teacher.label(replace(obs, dom=dom), why) if dom is not None else None
+    return label, (why if label is not None else ""), _ms_since(started)
 
 
 def _ended_by_loop(

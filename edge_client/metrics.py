@@ -46,3 +46,19 @@ def observe_decision(version: str, extras: dict[str, float], think_s: float) -> 
     INFERENCE_SECONDS.labels(version).observe(extras.get("inference_ms", think_s * 1e3) / 1e3)
     total = extras.get("visual_tokens_total", 0)
     VISUAL_TOKENS_KEPT.observe(extras.get("visual_tokens_kept", total) / total if total else 1.0)
+
+
+TEACHER_LABELS = Counter(
+    "flywheel_edge_teacher_labels_total", "Teacher labels received (each a budgeted call), by why asked", ["reason"]
+)  # reason: edge_client.teacher.REASONS
+TEACHER_SKIPPED = Counter(
+    "flywheel_edge_teacher_skipped_total", "States worth a label that got none, by why", ["why"]
+)  # why: budget_episode | budget_hour | no_label (the teacher could not answer; the call still counts)
+TEACHER_REUSED = Counter(
+    "flywheel_edge_teacher_reused_total", "Labels given again to a screen the teacher had labelled (no call)"
+)
+TEACHER_SECONDS = Histogram(
+    "flywheel_edge_teacher_seconds",
+    "Time of one teacher call (here the DOM expert on a fresh DOM read excluded)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)

@@ -21,6 +21,7 @@ from edge_client import metrics
 from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
+from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Policy
 from policy.sampling import Sampling
 from policy.screen import encode_png
@@ -66,6 +67,8 @@ class EdgeConfig:
     """Stop at the first episode boundary after this many seconds (None: run all episodes)."""
     drain_timeout_s: float = 120.0
     """At exit, how long to wait for the spool to reach Kafka."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """With policy='model': which screens the DOM teacher labels, and its budget (edge_client.teacher)."""
 
 
 ACTING_GAP_S = 0.5  # an episode boundary (swap, reset) shorter than this is not idleness
@@ -80,6 +83,9 @@ class RunSummary:
     model_versions: list[str] = field(default_factory=list)
     unsent: int = 0  # still in the spool at exit (Kafka unreachable); sent by the next run of this client
     acting: list[list[float]] = field(default_factory=list)  # [start, end] wall-clock spans spent in episodes
+    teacher_labels: dict[str, int] = field(default_factory=dict)  # labels received, by why asked
+    teacher_skipped: dict[str, int] = field(default_factory=dict)  # labels due but not had, by why
+    teacher_reused: int = 0  # labels given again to a screen labelled before (no call)
 
     def record_acting(self, start: float, end: float) -> None:
         """Adds an episode's span, merged with the previous one when they touch (one span per busy stretch)."""
@@ -119,6 +125,9 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)
+    from edge_client.experts import expert_for  # the teacher: the DOM expert, asked only about a model's steps
+
+    teacher = Teacher(config.teacher, expert_for) if config.policy == "model" and config.teacher.active else None
     # A model reads pixels only; the DOM is read for the scripted experts (and a fleet that starts on them).
     reads_dom = config.policy == "expert" or config.bootstrap_expert
     env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
@@ -146,7 +155,8 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
             episode_id = f"{config.client_id}-{task}-{seed}-{run}"
             on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
             started = time.time()
-            result = run_episode(env, policy, task, seed, config.max_steps, on_step)
+            asks = teacher if policy.version != "expert" else None
+            result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
             summary.record_acting(started, time.time())
             summary.record_episode(task, result.success)
             metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
@@ -155,6 +165,9 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
         summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
         metrics.SPOOL_DEPTH.set(summary.unsent)
     summary.steps_published = sum(delivered.values())
+    if teacher is not None:
+        summary.teacher_labels, summary.teacher_skipped = dict(teacher.labels), dict(teacher.skipped)
+        summary.teacher_reused = teacher.reused
     if config.summary_path is not None:
         config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
     return summary
@@ -193,6 +206,10 @@ def step_event(
         temperature=decision.sampling.temperature if decision.sampling else 0.0,
         top_k=decision.sampling.top_k if decision.sampling else 0,
         target_box=decision.target_box or (),
+        teacher_action=record.teacher.action if record.teacher else None,
+        teacher_thought=record.teacher.thought if record.teacher else "",
+        teacher_box=(record.teacher.target_box or ()) if record.teacher else (),
+        teacher_reason=record.teacher_reason,
     )
 
 

@@ -72,16 +72,20 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 def _edge(p: argparse.ArgumentParser) -> None:
     from edge_client.runner import EdgeConfig
+    from edge_client.teacher import TeacherConfig
 
-    add_config_arguments(p, EdgeConfig, parse=TASKS, rename={"episodes_per_task": "--episodes",
+    add_config_arguments(p, EdgeConfig, parse=TASKS, exclude=("teacher",), rename={"episodes_per_task": "--episodes",
                          "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"})  # fmt: skip
+    add_config_arguments(p.add_argument_group("teacher (edge_client.teacher)"), TeacherConfig)
     p.set_defaults(func=cmd_edge)
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
     from edge_client.runner import EdgeConfig, run_client
+    from edge_client.teacher import TeacherConfig
 
-    summary = run_client(config_from(args, EdgeConfig), get_settings())
+    config = config_from(args, EdgeConfig, teacher=config_from(args, TeacherConfig))
+    summary = run_client(config, get_settings())
     print(json.dumps(summary.__dict__))
     if summary.unsent:
         print(

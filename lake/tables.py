@@ -47,6 +47,16 @@ STEPS_SCHEMA = pa.schema(
         ("temperature", pa.float32()),  # 0: greedy
         ("top_k", pa.int32()),
         ("target_box", pa.list_(pa.float32())),  # an expert click's element (left, top, right, bottom); else empty
+        # A teacher's label of the step's screen (StepEvent.teacher_action, flattened; null where none was asked).
+        ("teacher_action_type", pa.string()),
+        ("teacher_action_x", pa.float32()),
+        ("teacher_action_y", pa.float32()),
+        ("teacher_action_text", pa.string()),
+        ("teacher_action_key", pa.string()),
+        ("teacher_action_scroll_dy", pa.float32()),
+        ("teacher_thought", pa.string()),
+        ("teacher_box", pa.list_(pa.float32())),
+        ("teacher_reason", pa.string()),
         ("schema_version", pa.int16()),
         ("kafka_partition", pa.int32()),
         ("kafka_offset", pa.int64()),

@@ -19,7 +19,8 @@ from schemas import EpisodeEvent, StepEvent
 # naming the field, where it or a producer of steps (the edge's, the benchmark's, the tests') disagrees with the event.
 # * Each field of StepEvent is a column of its name, in the event's order, but for those in STEP_EVENT_ONLY.
 # * A nested struct's fields are columns of their own, named <struct>_<field> (verify_ok), but the action's, which
-#   are bare (x, text), its type excepted (action_type).
+#   are bare (x, text), its type excepted (action_type). An optional struct (teacher_action: Action | None) is
+#   flattened alike, every column null where the struct is None.
 # * A tuple is a list, of floats where typed tuple[float, ...] (an expert may give its target_box in ints).
 # * The STEP_ROW_ONLY columns follow: where and when the row was read; `date`, the table's partition, is the UTC day
 #   of produced_at.
@@ -34,17 +35,30 @@ def _flat_column(struct: str, name: str) -> str:
     return f"{struct}_{name}"
 
 
-def _step_fields() -> list[tuple[str, str, Any]]:
-    """(column, path of the field in StepEvent, its type) of each column an event fills, in the event's order."""
+def struct_of(kind: Any) -> tuple[type | None, bool]:
+    """(the msgspec Struct a field of type `kind` holds, whether it may be None); (None, False): not a struct."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        return kind, False
+    args = get_args(kind)
+    structs = [a for a in args if isinstance(a, type) and issubclass(a, msgspec.Struct)]
+    if len(args) == 2 and type(None) in args and len(structs) == 1:
+        return structs[0], True
+    return None, False
+
+
+def _step_fields() -> list[tuple[str, str, Any, bool]]:
+    """(column, path of the field in StepEvent, its type, whether its struct may be None) of each column an event
+    fills, in the event's order."""
     found = []
     for field in msgspec.structs.fields(StepEvent):
         if field.name in STEP_EVENT_ONLY:
             continue
-        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
-            for sub in msgspec.structs.fields(field.type):
-                found.append((_flat_column(field.name, sub.name), f"{field.name}.{sub.name}", sub.type))
+        struct, optional = struct_of(field.type)
+        if struct is not None:
+            for sub in msgspec.structs.fields(struct):
+                found.append((_flat_column(field.name, sub.name), f"{field.name}.{sub.name}", sub.type, optional))
         else:
-            found.append((field.name, field.name, field.type))
+            found.append((field.name, field.name, field.type, False))
     return found
 
 
@@ -59,14 +73,26 @@ def _as_list(kind: Any) -> Callable[[Any], Any] | None:
 
 _STEP_FIELDS = _step_fields()
 # The `steps` columns an event fills -> the field each holds ("action_type" -> "action.type"), in the row's order.
-STEP_COLUMNS: dict[str, str] = {column: path for column, path, _ in _STEP_FIELDS}
-_step_values = operator.attrgetter(*STEP_COLUMNS.values())  # one call for them all: step_row is on the ingest path
-_STEP_LISTS = tuple((column, convert) for column, _, kind in _STEP_FIELDS if (convert := _as_list(kind)))
+STEP_COLUMNS: dict[str, str] = {column: path for column, path, _, _ in _STEP_FIELDS}
+# One attrgetter call for every column whose path is always there (step_row is on the ingest path); the columns of
+# an optional struct are read apart, null when it is None.
+_ALWAYS = [column for column, _, _, optional in _STEP_FIELDS if not optional]
+_always_values = operator.attrgetter(*(STEP_COLUMNS[c] for c in _ALWAYS))
+_OPTIONAL: dict[str, list[tuple[str, str]]] = {}  # struct field -> [(column, its field in the struct)]
+for _column, _path, _, _optional in _STEP_FIELDS:
+    if _optional:
+        _struct, _sub = _path.split(".")
+        _OPTIONAL.setdefault(_struct, []).append((_column, _sub))
+_STEP_LISTS = tuple((column, convert) for column, _, kind, _ in _STEP_FIELDS if (convert := _as_list(kind)))
 
 
 def step_row(event: StepEvent, partition: int, offset: int) -> dict:
     """The `steps` row of an event read at (partition, offset) of its topic: STEP_COLUMNS, then STEP_ROW_ONLY."""
-    row = dict(zip(STEP_COLUMNS, _step_values(event), strict=True))
+    known = dict(zip(_ALWAYS, _always_values(event), strict=True))
+    for struct, columns in _OPTIONAL.items():
+        value = getattr(event, struct)
+        known.update((column, None if value is None else getattr(value, sub)) for column, sub in columns)
+    row = {column: known[column] for column in STEP_COLUMNS} if _OPTIONAL else known
     for column, convert in _STEP_LISTS:
         row[column] = convert(row[column])
     row["kafka_partition"] = partition

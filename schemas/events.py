@@ -97,6 +97,13 @@ class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
     # An expert click's target element (left, top, right, bottom) in screenshot pixels, empty otherwise: what
     # semi-online RL and SOP match a model's click against (any point inside it is the expert's action).
     target_box: tuple[float, ...] = ()
+    # A teacher's label of the screen this step was chosen on (edge_client.teacher): what it would have done here,
+    # why it was asked, and its click's element box. The learner aggregates (own state, teacher action) as DAgger
+    # does. None / empty: no teacher was asked (most steps: every label is a budgeted call).
+    teacher_action: Action | None = None
+    teacher_thought: str = ""
+    teacher_box: tuple[float, ...] = ()
+    teacher_reason: str = ""  # edge_client.teacher.REASONS: why this state was worth a label
     schema_version: int = 2
 
 

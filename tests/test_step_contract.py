@@ -24,7 +24,7 @@ from flywheel.bench.synthetic import bench_step
 from lake.tables import STEPS_SCHEMA
 from policy.interface import Decision, Observation
 from policy.sampling import Sampling
-from processors.rows import STEP_COLUMNS, STEP_EVENT_ONLY, STEP_ROW_ONLY, step_row
+from processors.rows import STEP_COLUMNS, STEP_EVENT_ONLY, STEP_ROW_ONLY, step_row, struct_of
 from schemas import Action, StepEvent, Verify
 from tests import factories
 
@@ -36,11 +36,14 @@ NEVER_SET = {
 # ... and those each producer leaves to it beyond them. A field added to StepEvent is set by each producer or
 # listed here with the reason it is not.
 NOTHING_GENERATED = "an expert's step: no tokens generated, no sampling"
+NO_TEACHER = "no teacher was asked about this step"
+TEACHER_FIELDS = ("teacher_action", "teacher_thought", "teacher_box", "teacher_reason")
 LEFT_AT_DEFAULT: dict[str, dict[str, str]] = {
     "edge_client.runner.step_event": {},
     "flywheel.bench.synthetic.bench_step": {
         **dict.fromkeys(("tokens", "token_logprobs", "temperature", "top_k"), NOTHING_GENERATED),
         "target_box": "not in the steps the pipeline's numbers were measured on (docs/performance.md)",
+        **dict.fromkeys(TEACHER_FIELDS, NO_TEACHER),
     },
     "tests.factories.step_event": {
         **dict.fromkeys(("tokens", "token_logprobs", "temperature", "top_k"), NOTHING_GENERATED),
@@ -48,6 +51,7 @@ LEFT_AT_DEFAULT: dict[str, dict[str, str]] = {
             ("behaviour_logprob", "inference_ms", "env_ms", "visual_tokens_total", "visual_tokens_kept", "target_box"),
             "a minimal expert step: a test that needs the field passes it",
         ),
+        **dict.fromkeys(TEACHER_FIELDS, NO_TEACHER),
     },
 }
 
@@ -76,6 +80,12 @@ def edge_final_step() -> StepEvent:
         think_ms=12.0,
         act_ms=30.0,
         verify_ms=2.0,
+        teacher=Decision(
+            thought="The OK button is on the left.",
+            action=Action("click", 40.0, 100.0),
+            target_box=(30.0, 90.0, 50.0, 110.0),
+        ),
+        teacher_reason="uncertain",
     )
     return edge_step_event(record, "c0", "c0-click-test-7-0", "click-test", 7, "v3")
 
@@ -91,8 +101,9 @@ def leaf_paths(struct: type, prefix: str = "") -> list[str]:
     """The dotted path of each field of `struct`, nested structs' fields instead of the structs ("action.x")."""
     paths = []
     for field in msgspec.structs.fields(struct):
-        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
-            paths += leaf_paths(field.type, f"{prefix}{field.name}.")
+        nested, _ = struct_of(field.type)  # a struct, or an optional one (teacher_action: Action | None)
+        if nested is not None:
+            paths += leaf_paths(nested, f"{prefix}{field.name}.")
         else:
             paths.append(prefix + field.name)
     return paths
