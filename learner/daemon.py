@@ -2,8 +2,14 @@
 publishes a signed version every N new episodes or T minutes, and never makes the fleet wait.
 
     no version yet            -> SFT on the demonstrations (and successes) in training_samples
-    SFT done, failures logged -> offline RL once (AWR + DPO on every logged episode, learner.offline_rl)
-    afterwards                -> online RL: one PPO update (learner.online_rl) per batch of fresh rollouts,
+    curriculum "supervised" (the default): every later version is retrained from the SFT model, at the SFT
+    rate, on the demonstrations + every teacher label in the steps table (DAgger's aggregate, stage
+    "dagger"), or, while no label was ever given (a teacher budget of 0), + the fleet's verified successes
+    drawn greedily or from the top-k (stage "self_imitation"); `rl_updates_per_retrain` anchored PPO
+    updates (a fixed-weight BC term on that same data) may refine each retrained model before the next
+    retrain starts from SFT again
+    curriculum "rl" (issue 23's): SFT done, failures logged -> offline RL once (AWR + DPO); afterwards
+                                 online RL: one PPO update (learner.online_rl) per batch of fresh rollouts,
                                  the episodes the fleet produced since the last publish plus those of the
                                  `replay_versions` - 1 versions before (a replay with a bounded version lag),
                                  guided towards SFT with a beta that anneals over the environment steps taken
@@ -24,6 +30,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 from deltalake import DeltaTable
@@ -37,7 +44,8 @@ from learner.config import VLARecipe
 from learner.data import load_rollouts, load_samples, table_versions
 from learner.online_rl import Guidance
 from learner.publish import publish_artifact
-from learner.stages import StageData, StageRun, run_stage
+from learner.stages import StageData, StageRun, run_stage, with_extra
+from learner.teacher_labels import load_teacher_labels, load_verified_successes
 from learner.training_run import VLAResult
 from learner.vla_export import export_bundle
 
@@ -72,6 +80,16 @@ class DaemonConfig:
     replay_versions: int = 2
     """An online update trains on the rollouts produced since the publish this many versions ago (1: only the
     fresh ones); decoupled PPO weights the older versions' tokens by pi_old / mu."""
+    curriculum: Literal["supervised", "rl"] = "supervised"
+    """After SFT: 'supervised' (retrain from SFT on demonstrations + teacher labels, or + verified successes when
+    there is no label; optionally refined by anchored RL) or 'rl' (offline RL, then online PPO with guidance)."""
+    retrain_steps: int = 300
+    """supervised: optimizer steps of each retrain from the SFT model (at rl_lr)."""
+    rl_updates_per_retrain: int = 0
+    """supervised: anchored PPO updates (online_rl:anchor, at online_lr) on fresh rollouts after each retrain."""
+    self_imitation_top_k: int = 5
+    """supervised, no teacher label: a success counts when it was drawn greedily or among this many likeliest
+    tokens (the fleet's --top-k; never a draw over every token)."""
     max_versions: int = 0
     """Stop after publishing this many versions (0: run until stopped)."""
     stop_after_s: float = 0.0
@@ -86,6 +104,8 @@ class DaemonState:
     offline_done: bool = False
     last_publish_at: float = 0.0
     online_env_steps: int = 0  # environment steps of the rollouts online updates consumed (beta's clock)
+    rl_since_retrain: int = 0  # anchored RL updates published since the last retrain (curriculum "supervised")
+    online_dir: str = "online"  # the online run's directory (a new one after each retrain: it starts from it)
     versions: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -99,13 +119,16 @@ class DaemonState:
         tmp.replace(path)
 
 
-def next_stage(state: DaemonState, failures_logged: bool) -> str:
+def next_stage(state: DaemonState, counts: TableCounts, config: DaemonConfig) -> str:
     """The curriculum stage the next version comes from."""
     if not state.sft_checkpoint:
         return "sft"
-    if not state.offline_done and failures_logged:
-        return "offline_rl"
-    return "online_rl"
+    if config.curriculum == "rl":
+        return "offline_rl" if not state.offline_done and counts.failures_logged else "online_rl"
+    retrained = bool(state.versions) and state.versions[-1]["stage"] in ("dagger", "self_imitation", "online_rl")
+    if retrained and state.rl_since_retrain < config.rl_updates_per_retrain:
+        return "online_rl"
+    return "dagger" if counts.teacher_labels else "self_imitation"
 
 
 @dataclass(frozen=True)
@@ -114,6 +137,7 @@ class TableCounts:
     fresh_steps: int  # their environment steps
     failures_logged: bool  # whether any model failure is logged at all
     demos: int  # successful expert episodes
+    teacher_labels: int = 0  # steps a teacher labelled, in the steps table
 
 
 def is_due(state: DaemonState, counts: TableCounts, now: float, config: DaemonConfig) -> bool:
@@ -128,7 +152,7 @@ def is_due(state: DaemonState, counts: TableCounts, now: float, config: DaemonCo
 
 
 def table_counts(tables_dir: Path, since: float) -> TableCounts:
-    """What the schedule looks at, from the episodes table."""
+    """What the schedule looks at, from the episodes table (and the teacher's labels from the steps table)."""
     model, expert = pl.col("policy") == "model", pl.col("policy") == "expert"
     counts = (
         pl.scan_delta(table_uri(tables_dir, EPISODES))
@@ -140,8 +164,12 @@ def table_counts(tables_dir: Path, since: float) -> TableCounts:
         )
         .collect()
     )
+    steps = pl.scan_delta(table_uri(tables_dir, STEPS))
+    labels = 0
+    if "teacher_action_type" in steps.collect_schema().names():
+        labels = int(steps.select(pl.col("teacher_action_type").is_not_null().sum()).collect().item() or 0)
     return TableCounts(int(counts["fresh"][0] or 0), int(counts["fresh_steps"][0] or 0),
-                       int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0))  # fmt: skip
+                       int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0), labels)  # fmt: skip
 
 
 def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: DaemonState,
@@ -154,6 +182,14 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
         sft_train = replace(recipe.train, steps=config.sft_steps) if config.sft_steps else recipe.train
         return run_stage(StageRun("sft", sft_train, work / f"sft-at-{at}", recipe=recipe),
                          StageData(demos=load_samples(tables, ("demo", "success"), versions)))  # fmt: skip
+    if stage in ("dagger", "self_imitation"):
+        # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.
+        extra = load_teacher_labels(tables, versions) if stage == "dagger" else \
+            load_verified_successes(tables, config.self_imitation_top_k, versions)  # fmt: skip
+        run = StageRun(stage, replace(rl_train, steps=config.retrain_steps), work / f"{stage}-at-{at}",
+                       reference=state.sft_checkpoint, recipe=recipe)  # fmt: skip
+        state.online_dir = f"online-after-{at}"  # anchored RL after this retrain starts from it
+        return run_stage(run, StageData(demos=load_samples(tables, ("demo",), versions), extra=extra))
     if stage == "offline_rl":
         frame = load_rollouts(tables, ("demo", "success", "failure"), versions)
         offline = StageRun("offline_rl", replace(rl_train, steps=config.offline_steps), work / f"offline-at-{at}",
@@ -164,10 +200,15 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     since = back[0]["published_at"] if len(back) == config.replay_versions else state.last_publish_at
     rollouts = load_rollouts(tables, ("success", "failure"), versions, since=since)
     rollouts = rollouts.filter(pl.col("tokens").list.len() > 0)  # sampled by a model (not an expert's)
-    demos = load_samples(tables, ("demo",), versions) if config.guidance == "databc" else None
-    # One online run across updates: its directory keeps the optimizer going.
+    guidance = config.guidance if config.curriculum == "rl" else "anchor"
+    demos = load_samples(tables, ("demo",), versions) if guidance in ("databc", "anchor") else None
+    if guidance == "anchor":  # the same supervision the retrain had: demonstrations + labels (or successes)
+        extra = load_teacher_labels(tables, versions) if counts.teacher_labels else \
+            load_verified_successes(tables, config.self_imitation_top_k, versions)  # fmt: skip
+        demos = with_extra(demos, extra)
+    # One online run across updates (per retrain): its directory keeps the optimizer going.
     online_train = replace(rl_train, lr=config.online_lr)
-    result = run_stage(StageRun(f"online_rl:{config.guidance}", online_train, work / "online", start=state.checkpoint,
+    result = run_stage(StageRun(f"online_rl:{guidance}", online_train, work / state.online_dir, start=state.checkpoint,
                                 reference=state.sft_checkpoint, env_steps=state.online_env_steps),
                        StageData(rollouts=rollouts, demos=demos))  # fmt: skip
     state.online_env_steps += counts.fresh_steps  # beta's clock: each environment step counted once
@@ -190,7 +231,7 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         if not is_due(state, counts, time.time(), config):
             time.sleep(config.poll_s)
             continue
-        stage = next_stage(state, counts.failures_logged)
+        stage = next_stage(state, counts, config)
         versions = table_versions(settings.tables_dir)
         with pinned(settings.pins_dir, versions):
             metrics.training_started(stage, settings.tables_dir, versions)
@@ -199,7 +240,11 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         bundle = export_bundle(
             result.model, result.tokenizer, result.pruning, result.checkpoint_path.parent / "model.vla"
         )
-        event = publish_artifact(bundle, settings, stage=stage, parent=state.version, lineage=versions,
+        # The lineage: the table versions read, and the teacher labels the version's data held (each a paid call).
+        anchored = stage == "online_rl" and config.curriculum == "supervised"
+        labels = result.diagnostics.get("teacher_labels", counts.teacher_labels if anchored else 0)
+        event = publish_artifact(bundle, settings, stage=stage, parent=state.version,
+                                 lineage=versions | {"teacher_labels": int(labels)},
                                  extra_manifest={"checkpoint": str(result.checkpoint_path.resolve()),
                                                  "stage_steps": result.steps - result.start_step})  # fmt: skip
         metrics.published(stage, event.version, event.produced_at, dict(event.eval))
@@ -207,11 +252,12 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         if stage == "sft":
             state.sft_checkpoint = str(result.checkpoint_path)
         state.offline_done = state.offline_done or stage == "offline_rl"
+        state.rl_since_retrain = state.rl_since_retrain + 1 if stage == "online_rl" else 0
         # Rollouts produced while this stage trained still count as fresh for the next one.
         state.checkpoint, state.version, state.last_publish_at = str(result.checkpoint_path), event.version, started_at
         state.versions.append({"model_version": event.version, "stage": stage, "published_at": event.produced_at,
                                "fresh_episodes": counts.fresh, "train_s": round(event.produced_at - started_at, 1),
-                               "bundle": str(bundle.resolve()),
+                               "bundle": str(bundle.resolve()), "teacher_labels_in_tables": counts.teacher_labels,
                                "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)
         published_now += 1

@@ -47,12 +47,18 @@ class VLADataset:
         # remembers them), unless a row carries the exact prompt it was sampled from (semi-online rollouts,
         # whose history holds the expert's action where a step was patched).
         histories: list[list[Action]] = []
+        # A teacher-labelled row's target is the teacher's action, but the history the next steps' prompts hold is
+        # the action the policy took there (taken_*, learner.teacher_labels); a row without one took its target.
         explicit = frame["prompt"].to_list() if "prompt" in frame.columns else [None] * frame.height
+        taken: list[Action] = []
         for i, row in enumerate(frame.iter_rows(named=True)):
             action = Action(row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
                             key=row["key"] or "")  # fmt: skip
+            taken.append(Action(row["taken_action_type"], x=row["taken_x"] or 0.0, y=row["taken_y"] or 0.0,
+                                text=row["taken_text"] or "", key=row["taken_key"] or "")
+                         if row.get("taken_action_type") else action)  # fmt: skip
             before = self.previous[i]
-            histories.append([*histories[before], self.action[before]] if before >= 0 else [])
+            histories.append([*histories[before], taken[before]] if before >= 0 else [])
             prompt = explicit[i] or tok.prompt_ids(row["instruction"] or "", cfg.max_instruction_tokens,
                                                    histories[i], cfg.history_actions)  # fmt: skip
             self.instruction.append(tok.instruction_ids(row["instruction"] or "", cfg.max_instruction_tokens))
@@ -61,9 +67,19 @@ class VLADataset:
             self.action.append(action)
             self.prompt.append(prompt)
             self.generated.append(list(row.get("tokens") or []))
+        # The rows a batch may train on: all but the context rows before a teacher's label (`train` false).
+        train = frame["train"].fill_null(True).to_numpy() if "train" in frame.columns else np.ones(frame.height, bool)
+        self.trainable = np.flatnonzero(train)
 
     def __len__(self) -> int:
         return len(self.action)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """(size,) trainable rows drawn uniformly with replacement (the same draws as before context rows existed
+        when every row is trainable: a seeded run's weights do not change)."""
+        if len(self.trainable) == len(self):
+            return rng.integers(0, len(self), size=size)
+        return self.trainable[rng.integers(0, len(self.trainable), size=size)]
 
     def _previous_screen(self, i: int) -> np.ndarray | None:
         return self.screens[self.previous[i]] if self.previous[i] >= 0 else None

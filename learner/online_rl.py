@@ -20,6 +20,8 @@ min(pi_old / mu, ratio_cap):
     L = L_PPO + lambda_rel * L_relevance + kappa * KL_thought(pi_theta || pi_SFT)   (guidance "none")
     L = L_PPO + beta(n) * KL(pi_theta || pi_SFT) + ...   (RefKL, exact over the grammar's support)
     L = L_PPO + beta(n) * -log pi_theta(a_demo | s) + ...  (DataBC, on a batch of demonstrations)
+    L = L_PPO + bc_weight * -log pi_theta(a_label | s) + ...  (anchor: demonstrations + teacher labels, a fixed
+                                                               weight throughout, as CC-Net kept its BC term)
 
 beta(n) = beta for `beta_warmup_env_steps` environment steps of online rollouts, then linearly to 0 over
 `beta_anneal_env_steps` (Poyarkov, Staroverov and Panov, 2026, count them in environment steps; the caller
@@ -56,17 +58,19 @@ from learner.rl_losses import (
     state_value_advantages,
     weigh_failures,
 )
+from learner.teacher_labels import teacher_agreement
 from learner.training_run import VLAResult, open_run
 from learner.vla import IGNORE, target_patch_nll
 from policy.pruning import keep_count
 
-Guidance = Literal["none", "refkl", "databc"]
+Guidance = Literal["none", "refkl", "databc", "anchor"]
 
 
 @dataclass(frozen=True)
 class OnlineRLConfig:
     guidance: Guidance = "refkl"
-    """Offline guidance: 'none' (plain PPO), 'refkl' (KL to the SFT reference) or 'databc' (demo NLL)."""
+    """Offline guidance: 'none' (plain PPO), 'refkl' (KL to the SFT reference), 'databc' (demo NLL, annealed) or
+    'anchor' (NLL of the demonstrations and teacher labels at bc_weight, never annealed)."""
     beta: float = 0.1
     """beta_0 of the guidance term."""
     beta_warmup_env_steps: int = 4000
@@ -100,6 +104,11 @@ class OnlineRLConfig:
     """Discount of the per-step returns (a shorter success is worth more)."""
     verify_penalty: float = 0.1
     """Step reward of a step whose verify check failed (the screen did not do what the step expected): minus this."""
+    bc_weight: float = 0.5
+    """anchor: weight of the demonstrations' and teacher labels' NLL, the same at every update."""
+    teacher_reward: float = 0.2
+    """Step reward of a teacher-labelled step: this times (agreement - 0.5), agreement = action_score of the step's
+    action against the label (1 the same, 0.5 its type, 0.1 another type; learner.teacher_labels)."""
 
 
 def task_weights(recent: dict[str, list[bool]], window: int = 4, floor: float = 0.1) -> np.ndarray:
@@ -108,16 +117,19 @@ def task_weights(recent: dict[str, list[bool]], window: int = 4, floor: float = 
     return np.array([max(floor, float(np.mean(g[-window:]))) if g else 1.0 for g in recent.values()])
 
 
-def step_credit_advantages(frame: pl.DataFrame, gamma: float, verify_penalty: float) -> np.ndarray:
+def step_credit_advantages(frame: pl.DataFrame, gamma: float, verify_penalty: float,
+                           teacher_reward: float = 0.0) -> np.ndarray:  # fmt: skip
     """(M,) each step's advantage by per-step credit (module docstring), for `frame` in episode, step order.
 
     Columns: episode_id, step, task, seed, success, screenshot; verify_ok when recorded (else every step counts
-    as verified)."""
+    as verified); teacher_action_* when a teacher labelled steps (their agreement is a step reward)."""
     episodes = frame["episode_id"].to_list()
     ends = [i == len(episodes) - 1 or episodes[i + 1] != e for i, e in enumerate(episodes)]
     verified = frame["verify_ok"].fill_null(True).to_numpy() if "verify_ok" in frame.columns else np.ones(len(frame))
     success = frame["success"].cast(pl.Float64).to_numpy()
     rewards = -verify_penalty * (1.0 - verified.astype(np.float64)) + np.where(ends, success, 0.0)  # (M,)
+    agreement = teacher_agreement(frame)  # (M,) NaN where no label
+    rewards = rewards + teacher_reward * np.nan_to_num(agreement - 0.5)
     groups = [f"{t}\x00{s}" for t, s in zip(frame["task"].to_list(), frame["seed"].to_list(), strict=True)]
     screens = [hashlib.blake2b(png, digest_size=12).hexdigest() for png in frame["screenshot"].to_list()]
     # A state: the screen at a step index within a group (the same seed and the same screen: the same state).
@@ -186,19 +198,19 @@ def ppo_update(
     Continues from out_dir's checkpoint (earlier updates), else starts from `start_checkpoint`; the
     reference (RefKL, and the KL diagnostic) is `reference_checkpoint`, the SFT model. `demos` (SFT_COLUMNS)
     feed DataBC. `env_steps`: environment steps the online stage had taken before these rollouts (beta's clock)."""
-    if rl.guidance == "databc" and (demos is None or demos.is_empty()):
-        raise ValueError("DataBC guidance needs demonstrations")
+    if rl.guidance in ("databc", "anchor") and (demos is None or demos.is_empty()):
+        raise ValueError(f"{rl.guidance} guidance needs demonstrations")
     run = open_run(out_dir, train, lambda: load_vla(start_checkpoint))
     model, tok, pruning, rng, optimizer = run.model, run.tok, run.pruning, run.rng, run.optimizer
     reference, _, _ = load_vla(reference_checkpoint)
     reference.requires_grad_(False)
     rollouts = rollouts.sort("episode_id", "step")  # the dataset's row order
     data = VLADataset(rollouts, tok, model.cfg, pruning)
-    demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance == "databc" else None
+    demo_data = VLADataset(demos, tok, model.cfg, pruning) if rl.guidance in ("databc", "anchor") else None
     # (M,) per-step credit, unless the caller computed an advantage per step (semi-online RL).
     given = "advantage" in rollouts.columns
     advantages = rollouts["advantage"].to_numpy().copy() if given else step_credit_advantages(
-        rollouts, rl.gamma, rl.verify_penalty)  # fmt: skip
+        rollouts, rl.gamma, rl.verify_penalty, rl.teacher_reward)  # fmt: skip
     advantages = weigh_failures(torch.from_numpy(advantages).float(), rl.negative_weight)
     teach = torch.from_numpy(relevance_targets(rollouts))
     keep = keep_count(model.cfg.num_patches, pruning.keep_ratio)
@@ -236,11 +248,11 @@ def ppo_update(
                 total = total + rl.thought_kl * kl_to_reference(logp_all, ref_logp_all, thought)
             if rl.guidance == "refkl" and beta > 0:
                 total = total + beta * kl_to_reference(logp_all, ref_logp_all, mask)
-            elif rl.guidance == "databc" and beta > 0:
-                demo_batch = demo_data.batch(rng.integers(0, len(demo_data), size=rl.demo_batch_size))
+            elif rl.guidance in ("databc", "anchor") and (weight := beta if rl.guidance == "databc" else rl.bc_weight):
+                demo_batch = demo_data.batch(demo_data.sample(rng, rl.demo_batch_size))
                 demo_masks = grammar_masks(tok, demo_batch["labels"], model.cfg.max_thought_tokens)
                 demo_logp, _, demo_mask, _ = token_logprobs(model, demo_batch, demo_masks, keep)
-                total = total + beta * databc_loss(demo_logp, demo_mask)
+                total = total + weight * databc_loss(demo_logp, demo_mask)
             stats.add(logp, old_logp, logp_all, ref_logp_all, acted, thought)
             optimizer.zero_grad(set_to_none=True)
             total.backward()

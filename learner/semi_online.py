@@ -11,9 +11,8 @@ sampled from (`prompt`), so the update scores the tokens under what the policy s
 pruning prior reads is always the expert's. Rewards, returns and advantages: learner.rl_losses
 (semi_online_step_reward, semi_online_returns, semi_online_advantages, informative_groups).
 
-Matching: a click matches when it falls inside the expert target's element box (recorded by the experts,
-StepEvent.target_box), else within `CLICK_TOLERANCE_PX` of the expert's point when no box was recorded;
-typed text matches case- and space-insensitively; a key by name; a scroll by direction.
+Matching (learner.action_match): a click inside the expert target's element box (StepEvent.target_box), or near
+its point when none was recorded; the same text, key or scroll direction.
 
 SOP (semi-online performance): the greedy policy on each expert trajectory, stopping at its first mismatch;
 progress = the fraction of steps it matched, success = it matched them all.
@@ -28,6 +27,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner.action_match import action_matches, action_score, expert_action
 from learner.augment import random_view
 from learner.rl_losses import (
     informative_groups,
@@ -40,7 +40,6 @@ from policy.screen import POSITIONAL_TYPES, decode_png, encode_png
 from policy.tokens import ParseError
 from schemas import Action
 
-CLICK_TOLERANCE_PX = 4.0
 TRAJECTORY_COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "action_type", "x", "y", "text",
                       "key", "target_box"]  # fmt: skip
 
@@ -73,38 +72,6 @@ class SemiOnlineConfig:
     it does not. 0 with view_scale and view_colour 0: the recorded screens."""
     view_scale: float = 0.0
     view_colour: float = 0.0
-
-
-def action_matches(action: Action, expert: Action, box: list[float] | None) -> bool:
-    """Whether `action` is the expert's action (see the module docstring)."""
-    if action.type != expert.type:
-        return False
-    if action.type == "click":
-        if box:
-            left, top, right, bottom = box
-            return left <= action.x <= right and top <= action.y <= bottom
-        return abs(action.x - expert.x) <= CLICK_TOLERANCE_PX and abs(action.y - expert.y) <= CLICK_TOLERANCE_PX
-    if action.type == "type":
-        return " ".join(action.text.split()).casefold() == " ".join(expert.text.split()).casefold()
-    if action.type == "key":
-        return action.key == expert.key
-    if action.type == "scroll":
-        return np.sign(action.scroll_dy) == np.sign(expert.scroll_dy)
-    return True
-
-
-def action_score(action: Action | None, expert: Action, box: list[float] | None) -> float:
-    """1 the expert's action, 0.5 its type only, 0.1 an action of another type, 0 none parsed."""
-    if action is None:
-        return 0.0
-    if action.type != expert.type:
-        return 0.1
-    return 1.0 if action_matches(action, expert, box) else 0.5
-
-
-def expert_action(row: dict) -> Action:
-    return Action(type=row["action_type"], x=row["x"] or 0.0, y=row["y"] or 0.0, text=row["text"] or "",
-                  key=row["key"] or "")  # fmt: skip
 
 
 def trajectories(frame: pl.DataFrame) -> list[list[dict]]:

@@ -6,6 +6,9 @@
     online_rl:<g>       one PPO update on fresh (+ replayed) rollouts, guidance g: none, refkl or databc
                         (learner.online_rl)
     semi_online[:views] one semi-online update on expert trajectories (learner.semi_online)
+    dagger              SFT from the SFT model (the reference), at the SFT rate, on the demonstrations + every
+                        teacher label so far (learner.teacher_labels.teacher_rows): DAgger's retrain on the aggregate
+    self_imitation      the same, on the demonstrations + the fleet's verified successes (greedy or top-k drawn)
 
 A stage continues the run in its directory (each stage's run is resumable), else starts from `start`, a
 checkpoint, or a fresh model of `recipe` (SFT only). Every result carries `diagnostics` (for SFT and offline
@@ -29,11 +32,12 @@ from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import entropy_over_support, kl_to_reference
 from learner.semi_online import SemiOnlineConfig, semi_online_update
+from learner.teacher_labels import LABEL_COLUMNS, label_count
 from learner.training_run import VLAResult, open_run
 from learner.vla_sft import train_vla
 from policy.pruning import keep_count
 
-STAGES = ("sft", "offline_rl", "online_rl", "semi_online")
+STAGES = ("sft", "offline_rl", "online_rl", "semi_online", "dagger", "self_imitation")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class StageData:
     logged: pl.DataFrame | None = None  # + ROLLOUT_COLUMNS, score, success, weight: offline RL
     rollouts: pl.DataFrame | None = None  # + task, seed, success (verify_ok): online RL
     trajectories: pl.DataFrame | None = None  # TRAJECTORY_COLUMNS: semi-online RL
+    extra: pl.DataFrame | None = None  # dagger: teacher_rows; self_imitation: verified_successes (with the demos)
     cursor: int = 0  # semi-online: the trajectory to start from
 
 
@@ -79,6 +84,15 @@ def run_stage(
         before = load_vla(before_path)[0] if before_path else None
         result = train_vla(data.demos, recipe, run.out_dir, init_checkpoint=run.start or None, stop_at=run.stop_at)
         return with_drift(result, data.demos, before, run.reference)
+    if kind in ("dagger", "self_imitation"):
+        # Retrained from the SFT model each time, never the drifting policy fine-tuned further (STaR, ReST-EM).
+        frame = with_extra(data.demos, data.extra)
+        recipe = replace(run.recipe or VLARecipe(), train=run.train)
+        result = train_vla(frame, recipe, run.out_dir, init_checkpoint=run.reference, stop_at=run.stop_at)
+        rows = {"demo_rows": data.demos.height, "extra_rows": 0 if data.extra is None else data.extra.height,
+                "teacher_labels": label_count(data.extra) if kind == "dagger" else 0}  # fmt: skip
+        drift = with_drift(result, frame, load_vla(run.reference)[0], run.reference)
+        return replace(drift, diagnostics=drift.diagnostics | rows)
     if kind == "offline_rl":
         before = load_vla(before_path)[0]
         result = train_offline_rl(data.logged, run.train, offline or OfflineRLConfig(), run.reference, run.out_dir,
@@ -99,6 +113,15 @@ def run_stage(
     result, stats = semi_online_update(data.trajectories, run.train, semi, run.start, run.reference, run.out_dir,
                                        seed=run.seed, cursor=data.cursor)  # fmt: skip
     return replace(result, diagnostics=result.diagnostics | stats)
+
+
+def with_extra(demos: pl.DataFrame, extra: pl.DataFrame | None) -> pl.DataFrame:
+    """The demonstrations and the extra rows as one SFT frame (the columns SFT reads; missing ones null)."""
+    if extra is None or extra.is_empty():
+        return demos
+    keep = [c for c in LABEL_COLUMNS if c in demos.columns]
+    return pl.concat([demos.select(keep), extra.select([c for c in LABEL_COLUMNS if c in extra.columns])],
+                     how="diagonal_relaxed")  # fmt: skip
 
 
 @torch.no_grad()

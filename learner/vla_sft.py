@@ -83,7 +83,7 @@ def train_vla(
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
         # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
-        idx = rng.integers(0, len(data), size=config.batch_size)
+        idx = data.sample(rng, config.batch_size)
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
         logits, relevance, _ = net(batch["image"], batch["prior"], batch["instruction_ids"],
                                    batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip

@@ -7,12 +7,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from learner.action_match import action_matches, action_score
 from learner.checkpoints import load_vla
 from learner.config import VLARecipe, VLATrainConfig
 from learner.semi_online import (
     SemiOnlineConfig,
-    action_matches,
-    action_score,
     rollout_advantages,
     semi_online_rollouts,
     semi_online_update,
