@@ -26,8 +26,12 @@ def test_an_arm_spends_its_budget_in_its_stages_after_sft():
     assert stage_at(ARMS["sft"], 50.0, 100.0, 0.3) == "sft"  # more SFT, the baseline at the same budget
     assert stage_at(ARMS["offline_only"], 0.0, 100.0, 0.3) == "offline_rl"
     assert stage_at(ARMS["sft_semi_online_views"], 90.0, 100.0, 0.3) == "semi_online:views"
+    assert stage_at(ARMS["dagger_rl"], 10.0, 100.0, 0.3) == "dagger"  # labels first ...
+    assert stage_at(ARMS["dagger_rl"], 40.0, 100.0, 0.3) == "online_rl:anchor"  # ... then RL anchored to them
+    assert stage_at(ARMS["sft_more_demos"], 90.0, 100.0, 0.3) == "dagger:demos"
     assert set(ARMS) == {"sft", "sft_offline", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
-                         "sft_ppo", "offline_only", "sft_semi_online", "sft_semi_online_views"}  # fmt: skip
+                         "sft_ppo", "offline_only", "sft_semi_online", "sft_semi_online_views", "sft_more_demos",
+                         "dagger", "self_imitation", "dagger_rl", "self_imitation_rl"}  # fmt: skip
 
 
 def test_the_rl_set_rule_keeps_the_tasks_nearest_to_half_within_the_band():
@@ -44,14 +48,15 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
             "--selection-episodes", "2", "--eval-episodes", "3", "--tier1-episodes", "2", "--curve-points", "1",
             "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
             "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
-            "--online-lr", "1e-5", "--arms", "sft,sft_ppo,offline_only"]  # fmt: skip
+            "--online-lr", "1e-5", "--round-episodes", "2", "--retrain-steps", "3",
+            "--arms", "sft,sft_ppo,offline_only,dagger_rl,self_imitation_rl"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
     rl_set = report["rl_set"]
     assert len(rl_set["tasks"]) == 1 and "nearest to 0.5" in rl_set["rule"]
     assert rl_set["selection_seeds"] == [900_000, 900_001] and rl_set["eval_seeds"] == [1_000_000, 1_000_002]
-    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only"}
+    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only", "dagger_rl", "self_imitation_rl"}
     for arm, entry in report["arms"].items():
         assert entry["stages"] == list(ARMS[arm])
         assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0
@@ -62,6 +67,12 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
         assert entry["machines"] == [machine()]  # the wall-clock budget's machine, once however many rounds
         evaluated = json.loads((out / arm / "eval-1.json").read_text())["success_by_seed"]
         assert len(evaluated[rl_set["tasks"][0]]) == 3  # the RL set on its 3 evaluation seeds, every arm alike
+    # DAgger paid for labels on its own states, then RL anchored to them; self-imitation asked no teacher.
+    dagger, imitation = report["arms"]["dagger_rl"], report["arms"]["self_imitation_rl"]
+    assert dagger["teacher_labels"] > 0 and imitation["teacher_labels"] == 0
+    assert dagger["curve"][-1]["teacher_labels"] == dagger["teacher_labels"]
+    assert [d["stage"] for d in dagger["diagnostics"]][0] == "dagger" and dagger["diagnostics"][0]["teacher_labels"] > 0
+    assert any((out / "dagger_rl" / "gathered").glob("round-0.parquet"))
     sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
     assert (online["curve"][-1]["stage"], offline["curve"][-1]["stage"]) == ("online_rl:none", "offline_rl")
@@ -84,8 +95,8 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert sop.returncode == 0, sop.stdout[-3000:] + sop.stderr[-3000:]
     points = json.loads((sop_out / "sop.json").read_text())
-    # the shared SFT, offline_only's fresh start, and the 3 arms' ends
-    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 5
+    # the shared SFT, offline_only's fresh start, and the 5 arms' ends
+    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 7
     assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
 
     # A tuning run on the same shared part: every point on the selection seeds, none on an evaluation seed.

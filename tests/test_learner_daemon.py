@@ -35,14 +35,18 @@ class Log:
         self.sinks = {t: DeltaSink(tables_dir, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}
         self.offset = 0
 
-    def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=()):
+    def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=(),
+                teacher: Action | None = None):  # fmt: skip
         image, _ = box_screen(seed)
         now = time.time()
         step = StepEvent(event_id=f"s-{name}", client_id="c0", produced_at=now, episode_id=name, step=0,
                          task="click-box", instruction="Click the box.", screenshot=encode_png(image),
                          thought="Click the box.", action=action, model_version=version, verify=Verify(),
                          reward=1.0 if success else -1.0, done=True, seed=seed, tokens=tuple(tokens),
-                         token_logprobs=tuple(logprobs), termination="success" if success else "failure")  # fmt: skip
+                         token_logprobs=tuple(logprobs), termination="success" if success else "failure",
+                         teacher_action=teacher, teacher_thought="Click the box." if teacher else "",
+                         teacher_reason="uncertain" if teacher else "", temperature=1.0 if tokens else 0.0,
+                         top_k=5 if tokens else 0)  # fmt: skip
         episode = EpisodeEvent(event_id=f"e-{name}", client_id="c0", produced_at=now, episode_id=name,
                                task="click-box", seed=seed, steps=1, raw_reward=step.reward,
                                binary_reward=1.0 if success else -1.0, success=success,
@@ -58,20 +62,58 @@ class Log:
 
 
 def test_the_schedule_follows_the_curriculum():
-    config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4, min_demos=5)
+    config = DaemonConfig(every_episodes=10, every_minutes=1.0, min_new_episodes=4, min_demos=5, curriculum="rl")
 
-    def fresh(n: int, demos: int = 5) -> TableCounts:
-        return TableCounts(fresh=n, fresh_steps=n, failures_logged=True, demos=demos)
+    def fresh(n: int, demos: int = 5, failures: bool = True, labels: int = 0) -> TableCounts:
+        return TableCounts(fresh=n, fresh_steps=n, failures_logged=failures, demos=demos, teacher_labels=labels)
 
     empty = DaemonState()
-    assert next_stage(empty, failures_logged=True) == "sft"
+    assert next_stage(empty, fresh(0), config) == "sft"
     assert not is_due(empty, fresh(0, demos=4), 0.0, config) and is_due(empty, fresh(0), 0.0, config)  # demos first
     sft = DaemonState(sft_checkpoint="x", last_publish_at=100.0)
-    assert next_stage(sft, failures_logged=False) == "online_rl"
-    assert next_stage(sft, failures_logged=True) == "offline_rl"
-    assert next_stage(DaemonState(sft_checkpoint="x", offline_done=True), True) == "online_rl"
+    assert next_stage(sft, fresh(0, failures=False), config) == "online_rl"
+    assert next_stage(sft, fresh(0), config) == "offline_rl"
+    assert next_stage(DaemonState(sft_checkpoint="x", offline_done=True), fresh(0), config) == "online_rl"
     assert not is_due(sft, fresh(9), 130.0, config) and is_due(sft, fresh(10), 130.0, config)  # N new episodes ...
     assert not is_due(sft, fresh(3), 1000.0, config) and is_due(sft, fresh(4), 161.0, config)  # ... or T minutes
+
+
+def test_the_supervised_curriculum_retrains_on_labels_or_successes_and_refines_with_anchored_rl():
+    config = DaemonConfig(curriculum="supervised", rl_updates_per_retrain=2)
+    counts = TableCounts(fresh=10, fresh_steps=10, failures_logged=True, demos=5)
+    labelled = TableCounts(fresh=10, fresh_steps=10, failures_logged=True, demos=5, teacher_labels=3)
+
+    def after(*stages: str, rl: int = 0) -> DaemonState:
+        """The state after publishing `stages`, the last `rl` of them anchored RL updates."""
+        return DaemonState(sft_checkpoint="x", versions=[{"stage": s} for s in stages], rl_since_retrain=rl)
+
+    assert next_stage(after("sft"), counts, config) == "self_imitation"  # no label yet: the verified successes
+    assert next_stage(after("sft"), labelled, config) == "dagger"
+    assert next_stage(after("sft", "dagger"), labelled, config) == "online_rl"
+    assert next_stage(after("sft", "dagger", "online_rl", rl=1), labelled, config) == "online_rl"
+    assert next_stage(after("sft", "dagger", "online_rl", "online_rl", rl=2), labelled, config) == "dagger"
+    assert next_stage(after("sft", "dagger"), labelled, DaemonConfig()) == "dagger"  # the default: no RL
+
+
+def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in_the_lineage(stack, tmp_path):
+    settings = stack.settings
+    recipe = tmp_path / "tiny.json"
+    recipe.write_text(json.dumps(TINY_RECIPE))
+    log = Log(settings.tables_dir)
+    for seed in range(12):
+        log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
+    config = DaemonConfig(recipe=str(recipe), every_episodes=4, min_new_episodes=4, poll_s=0.2, min_demos=12,
+                          max_versions=1, retrain_steps=6)  # fmt: skip
+    state = run_daemon(settings, config)
+    # The model's episodes, each step labelled by the teacher with the box's centre (the policy missed it).
+    for seed in range(100, 106):
+        log.episode(f"m-{seed}", seed, Action("click", 1.0, 1.0), False, state.version,
+                    teacher=Action("click", *box_center(seed)))  # fmt: skip
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft", "dagger"]
+    assert state.versions[-1]["diagnostics"]["teacher_labels"] == 6
+    event = latest_by_channel(settings)["stable"]
+    assert event.stage == "dagger" and event.lineage["teacher_labels"] == 6
 
 
 def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):
@@ -82,7 +124,7 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
     for seed in range(12):
         log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
     config = DaemonConfig(recipe=str(recipe), every_episodes=8, min_new_episodes=4, poll_s=0.2, offline_steps=4,
-                          min_demos=12, max_versions=1)  # fmt: skip
+                          min_demos=12, max_versions=1, curriculum="rl")  # fmt: skip
     state = run_daemon(settings, config)
     assert [v["stage"] for v in state.versions] == ["sft"]
     assert latest_by_channel(settings)["stable"].version == state.version

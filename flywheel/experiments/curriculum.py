@@ -16,6 +16,16 @@
     sft_offline_databc  ... then online PPO + beta * demo NLL
     sft_ppo             online PPO from SFT, no offline stage, no guidance
     sft_semi_online     semi-online RL (learner.semi_online) on the RL set's demonstrations: no environment step
+    sft_more_demos      each round: more expert demonstrations on the RL set (every expert step a teacher call),
+                        then SFT from the shared SFT on all demonstrations: what a teacher's label must beat
+    dagger              each round: the policy's greedy episodes on the RL set, the teacher (edge_client.teacher)
+                        labelling the screens its rule picks, then SFT from the shared SFT on the demonstrations
+                        + every label so far (learner.stages "dagger")
+    self_imitation      each round: the policy's top-k sampled episodes on the RL set, the successes kept, then
+                        SFT from the shared SFT on the demonstrations + every success so far (no teacher)
+    dagger_rl           dagger for first_share of the budget, then online PPO anchored (a fixed-weight BC term on
+                        the demonstrations + labels; the teacher still labels, its agreement a step reward)
+    self_imitation_rl   self_imitation, then online PPO anchored on the demonstrations + successes
     offline_only, sft_semi_online_views: optional (not in the default set)
 
 An online round (the signal per environment step): groups of `repeats` rollouts of one (task, seed) on the
@@ -62,9 +72,17 @@ ARMS: dict[str, tuple[str, ...]] = {
     "offline_only": ("offline_rl",),
     "sft_semi_online": ("sft", "semi_online"),
     "sft_semi_online_views": ("sft", "semi_online:views"),
+    "sft_more_demos": ("sft", "dagger:demos"),
+    "dagger": ("sft", "dagger"),
+    "self_imitation": ("sft", "self_imitation"),
+    "dagger_rl": ("sft", "dagger", "online_rl:anchor"),
+    "self_imitation_rl": ("sft", "self_imitation", "online_rl:anchor"),
 }
-DEFAULT_ARMS = ("sft", "sft_offline", "sft_ppo", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
-                "sft_semi_online")  # fmt: skip
+# The arms whose rounds retrain from the shared SFT on the demonstrations + what their rounds gathered.
+RETRAIN_STAGES = ("dagger", "self_imitation")
+# Issue 31's arms: supervision on the policy's own states against more demonstrations, RL anchored on top; the
+# earlier arms (issue 23's) stay runnable by name.
+DEFAULT_ARMS = ("sft", "sft_more_demos", "dagger", "self_imitation", "dagger_rl", "self_imitation_rl")
 # Seed ranges: demonstrations 0.., the logged fleet, online rounds, RL-set selection; evaluation 1,000,000+.
 LOG_SEED, ROUND_SEED, SELECTION_SEED = 500_000, 600_000, 900_000
 
@@ -139,7 +157,18 @@ class CurriculumConfig:
     """An online update stops at a minibatch this far (approximate KL on the action tokens, x1.5) from pi_old
     (0: never; learner.online_rl.OnlineRLConfig.target_kl)."""
     offline_share: float = 0.3
-    """Share of an arm's budget its offline stage gets when an online stage follows."""
+    """Share of an arm's budget its first stage (offline RL, dagger, self-imitation) gets when an online stage
+    follows."""
+    retrain_steps: int = 300
+    """dagger, self_imitation, sft_more_demos: optimizer steps of each round's SFT from the shared SFT (at rl_lr,
+    the rate the sft arm continues at)."""
+    round_episodes: int = 16
+    """dagger, sft_more_demos: episodes per round on the RL set (greedy policy, or the experts on new seeds);
+    self_imitation: groups of `repeats` top-k rollouts per round."""
+    teacher_budget: int = 10
+    """dagger arms: teacher labels per episode at most (edge_client.teacher.TeacherConfig.teacher_budget)."""
+    self_imitation_top_k: int = 3
+    """self_imitation arms: rollouts sample among the policy's k likeliest tokens (never every token)."""
     semi_online_trajectories: int = 16
     """Informative expert trajectories per semi-online round (refilled from the next ones while groups are flat)."""
     max_steps: int = 10
@@ -170,6 +199,8 @@ class ArmState:
     next_seed: dict[str, int] = field(default_factory=dict)  # per task: the next online seed's offset
     replay: list[str] = field(default_factory=list)  # the last rounds' informative groups (parquet files)
     semi_cursor: int = 0  # the next expert trajectory a semi-online round starts from
+    teacher_labels: int = 0  # teacher calls answered: labels on own states, or expert steps of new demonstrations
+    gathered: list[str] = field(default_factory=list)  # each round's teacher rows / successes / demos (parquet)
     diagnostics: list[dict] = field(default_factory=list)  # one per round
     # Where its rounds ran (core.machine): the budget is wall-clock, so the CPU says what it bought.
     machines: list[dict] = field(default_factory=list)
@@ -349,7 +380,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     (VLAResult, env steps it took, rollout seconds)."""
     from learner.checkpoints import load_vla
     from learner.online_rl import OnlineRLConfig
-    from learner.stages import StageData, StageRun, run_stage
+    from learner.stages import StageData, StageRun, run_stage, with_extra
 
     config = shared.config
     kind = stage.split(":")[0]
@@ -358,7 +389,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     train = replace(shared.recipe.train, lr=lr, steps=100_000, warmup_steps=10, checkpoint_every=0)
     start = state.checkpoint or origin
     run = StageRun(stage, train, out / {"sft": "sft", "offline_rl": "offline", "online_rl": "online",
-                                        "semi_online": "semi_online"}[kind], start=start,
+                                        "semi_online": "semi_online"}.get(kind, kind), start=start,
                    reference=origin if kind == "offline_rl" else shared.sft_checkpoint,
                    stop_at=(state.rounds + 1) * config.update_steps, env_steps=state.own_env_steps,
                    seed=config.seed + state.rounds)  # fmt: skip
@@ -366,16 +397,29 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
         return run_stage(run, StageData(demos=shared.demos)), 0, 0.0
     if kind == "offline_rl":
         return run_stage(run, StageData(logged=shared.logged)), 0, 0.0
+    if kind in RETRAIN_STAGES:
+        t0 = time.perf_counter()
+        env_steps = gather_round(arm, stage, state, shared, env, out, *load_vla(start))
+        rollout_s = time.perf_counter() - t0
+        # Every round from the shared SFT, on the demonstrations + all that the rounds gathered (the aggregate).
+        retrain = replace(train, steps=config.retrain_steps, warmup_steps=10, checkpoint_every=config.retrain_steps)
+        run = replace(run, train=retrain, out_dir=out / kind / f"round-{state.rounds}", start="",
+                      reference=shared.sft_checkpoint, stop_at=None, recipe=shared.recipe)  # fmt: skip
+        return run_stage(run, StageData(demos=shared.demos, extra=gathered(state))), env_steps, rollout_s
     if kind == "semi_online":
         data = StageData(trajectories=shared.trajectories, cursor=state.semi_cursor)
         result = run_stage(run, data, semi=semi_online_config(config, stage))
         state.semi_cursor = int(result.diagnostics["cursor"])
         return result, 0, 0.0  # expert trajectories only: no environment step
     t0 = time.perf_counter()
-    rollouts, env_steps = collect_online_round(arm, state, shared, env, out, *load_vla(start))
+    teacher = arm_teacher(config) if "dagger" in ARMS[arm] else None
+    rollouts, env_steps = collect_online_round(arm, state, shared, env, out, *load_vla(start), teacher=teacher)
     rollout_s = time.perf_counter() - t0
+    state.teacher_labels += sum(teacher.labels.values()) if teacher is not None else 0
     guidance = stage.split(":")[1]
-    data = StageData(rollouts=rollouts, demos=shared.demos if guidance == "databc" else None)
+    # The anchor: the demonstrations + what the arm's first stage gathered (teacher labels or verified successes).
+    demos = {"databc": shared.demos, "anchor": with_extra(shared.demos, gathered(state))}.get(guidance)
+    data = StageData(rollouts=rollouts, demos=demos)
     online = OnlineRLConfig(epochs=config.online_epochs, minibatch_rows=config.online_minibatch_rows,
                             negative_weight=config.online_negative_weight,
                             target_kl=config.online_target_kl)  # fmt: skip
@@ -390,16 +434,86 @@ def semi_online_config(config: CurriculumConfig, stage: str):
                             trajectories=config.semi_online_trajectories, **views)  # fmt: skip
 
 
+def arm_teacher(config: CurriculumConfig):
+    """The teacher of a dagger arm's episodes: the DOM expert, every reason, teacher_budget labels an episode."""
+    from edge_client.experts import expert_for
+    from edge_client.teacher import Teacher, TeacherConfig
+
+    return Teacher(TeacherConfig(teacher_budget=config.teacher_budget), expert_for)
+
+
+def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out: Path, model, tok, pruning) -> int:
+    """A retrain round's new supervision, kept in OUT/<arm>/gathered/: the teacher's labels of the policy's greedy
+    episodes (dagger), the successes of its top-k rollouts (self_imitation) or new expert demonstrations
+    (dagger:demos), round_episodes episodes or groups on the RL set, tasks in turn, new seeds each round. Counts
+    the teacher's labels in state.teacher_labels; returns the environment steps taken."""
+    from edge_client.experts import expert_for
+    from learner.teacher_labels import teacher_rows, verified_successes
+
+    config = shared.config
+    version = f"{arm}-r{state.rounds}"
+    tasks = [shared.rl_set[(state.rounds * config.round_episodes + i) % len(shared.rl_set)]
+             for i in range(config.round_episodes)]  # fmt: skip
+    frames, env_steps = [], 0
+    if stage == "self_imitation":
+        policy = sampling_policy(model, tok, pruning, version, out / "round.vla", config.temperature,
+                                 config.self_imitation_top_k, config.seed + state.rounds)  # fmt: skip
+    else:
+        policy = sampling_policy(model, tok, pruning, version, out / "round.vla", 0.0, 0, 0)  # greedy
+    teacher = arm_teacher(config) if stage == "dagger" else None
+    for task in tasks:
+        offset = state.next_seed.get(task, 0)
+        state.next_seed[task] = offset + 1
+        seed = ROUND_SEED + offset
+        if stage == "dagger:demos":
+            rows, steps = run_episodes(env, expert_for, [task], [seed], 1, "expert", version, config.max_steps)
+            rows = rows.filter(pl.col("success"))
+            state.teacher_labels += rows.height  # every expert step is a teacher call
+        elif stage == "dagger":
+            rows, steps = run_episodes(env, lambda _t: policy, [task], [seed], 1, version, version, config.max_steps,
+                                       teacher)  # fmt: skip
+            rows = teacher_rows(rows)
+        else:
+            rows, steps = run_episodes(env, lambda _t: policy, [task], [seed], config.repeats, version, version,
+                                       config.max_steps)  # fmt: skip
+            rows = verified_successes(rows, config.self_imitation_top_k)
+        env_steps += steps
+        frames.append(rows)
+    if teacher is not None:
+        state.teacher_labels += sum(teacher.labels.values())
+    keep_gathered(state, out, pl.concat(frames, how="diagonal_relaxed"), f"round-{state.rounds}")
+    say(f"arm {arm} round {state.rounds}: {stage} gathered {sum(f.height for f in frames)} rows, "
+        f"{state.teacher_labels} teacher labels so far, {env_steps} env steps")  # fmt: skip
+    return env_steps
+
+
+def keep_gathered(state: ArmState, out: Path, rows: pl.DataFrame, name: str) -> None:
+    """Adds a round's rows to the arm's aggregate (a parquet file each; nothing when there are none)."""
+    if rows.is_empty():
+        return
+    path = out / "gathered" / f"{name}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows.write_parquet(path)
+    state.gathered.append(str(path))
+
+
+def gathered(state: ArmState) -> pl.DataFrame | None:
+    """Everything the arm's rounds gathered so far (DAgger's aggregate), None before any."""
+    frames = [pl.read_parquet(p) for p in state.gathered]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+
 # The semi-online views (learner.semi_online): the training views of the vision experiment's augmented arm.
 SEMI_ONLINE_VIEWS = {"view_shift_px": 6, "view_scale": 0.05, "view_colour": 0.1}
 
 
-def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Path, model, tok, pruning):
+def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Path, model, tok, pruning, teacher=None):
     """An online round's data: groups of `repeats` rollouts of one (task, seed) on the RL set, each task drawn
     by its weight (fewer for tasks whose recent groups all ended alike), until groups_per_round informative
     groups or max_groups_per_round tried. The informative ones are kept for replay_rounds rounds; returns
     (the replay's rows, env steps taken)."""
     from learner.online_rl import task_weights
+    from learner.teacher_labels import teacher_rows
 
     config = shared.config
     version = f"{arm}-r{state.rounds}"
@@ -413,8 +527,10 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
         offset = state.next_seed.get(task, 0)
         state.next_seed[task] = offset + 1
         rows, steps = run_episodes(env, lambda _task: policy, [task], [ROUND_SEED + offset], config.repeats, version,
-                                   version, config.max_steps)  # fmt: skip
+                                   version, config.max_steps, teacher)  # fmt: skip
         env_steps, tried = env_steps + steps, tried + 1
+        if teacher is not None:  # the labels of every group, informative or not, join the anchor's aggregate
+            keep_gathered(state, out, teacher_rows(rows), f"online-{state.rounds}-{tried}")
         informative = rows["success"].n_unique() > 1
         state.groups.setdefault(task, []).append(informative)
         if informative:
@@ -457,7 +573,8 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
         entry = evaluate_model(model, tok, pruning, meta, tuple(episodes), episodes, out, config.eval_browsers,
                                seed=shared.eval_seed)  # fmt: skip
         return {"env_steps": shared_env_steps + state.own_env_steps, "spent_s": round(state.spent_s, 1),
-                "stage": state.stage, **point_summary(entry, shared.rl_set, config.tier1_episodes)}  # fmt: skip
+                "stage": state.stage, "teacher_labels": state.teacher_labels,
+                **point_summary(entry, shared.rl_set, config.tier1_episodes)}  # fmt: skip
 
     if not state.curve:
         state.curve = [shared.start_point() if origin == shared.sft_checkpoint else evaluate(*load_vla(origin), 0)]
@@ -494,13 +611,14 @@ def arm_summary(arm: str, stages: tuple[str, ...], state: ArmState) -> dict:
     last = state.curve[-1]
     own_env_steps_per_s = state.own_env_steps / state.rollout_s if state.rollout_s else None
     return {"stages": list(stages), "env_steps": last["env_steps"], "own_env_steps": state.own_env_steps,
+            "teacher_labels": state.teacher_labels,
             "cpu_s": round(state.cpu_s, 1), "wall_s": round(state.spent_s, 1), "rounds": state.rounds,
             "rl_set_mean": last["rl_set_mean"], "rl_set_ci": last["rl_set_ci"], "tier1_mean": last["tier1_mean"],
             "per_task": last["per_task"],
             "learner_samples_per_s": round(state.learner_samples / state.learner_s, 2) if state.learner_s else None,
             "env_steps_per_s": round(own_env_steps_per_s, 2) if own_env_steps_per_s else None,
-            "curve": [{k: p[k] for k in ("env_steps", "spent_s", "stage", "rl_set_mean", "rl_set_ci", "tier1_mean")}
-                      for p in state.curve],
+            "curve": [{k: p.get(k, 0) for k in ("env_steps", "teacher_labels", "spent_s", "stage", "rl_set_mean",
+                                                 "rl_set_ci", "tier1_mean")} for p in state.curve],
             "machines": state.machines, "diagnostics": state.diagnostics}  # fmt: skip
 
 
@@ -567,13 +685,14 @@ def run_curriculum(config: CurriculumConfig) -> dict:
 
 
 def plot_curriculum(path: Path, report: dict) -> None:
-    """RL-set mean success (95 % CI band) and Tier 1 mean vs environment steps, one line per arm."""
+    """RL-set mean success (95 % CI band) and Tier 1 mean vs environment steps, one line per arm; RL-set success vs
+    the teacher labels spent, for the arms that spent any."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=110)
+    fig, axes = plt.subplots(1, 3, figsize=(19, 4.8), dpi=110)
     for arm, entry in report["arms"].items():
         curve = entry["curve"]
         x = [p["env_steps"] for p in curve]
@@ -581,11 +700,17 @@ def plot_curriculum(path: Path, report: dict) -> None:
         axes[0].fill_between(x, [p["rl_set_ci"][0] for p in curve], [p["rl_set_ci"][1] for p in curve],
                              color=line.get_color(), alpha=0.12)  # fmt: skip
         axes[1].plot(x, [p["tier1_mean"] for p in curve], marker="o", color=line.get_color(), label=arm)
+        if entry.get("teacher_labels"):
+            axes[2].plot([p.get("teacher_labels", 0) for p in curve], [p["rl_set_mean"] for p in curve], marker="o",
+                         color=line.get_color(), label=arm)  # fmt: skip
     tasks = ", ".join(report.get("rl_set", {}).get("tasks", []))
     axes[0].set_ylabel("RL-set mean success (greedy, 95 % CI)")
     axes[0].set_title(f"RL set: {tasks}", fontsize=8)
     axes[1].set_ylabel("Tier 1 mean success (greedy)")
-    for ax in axes:
+    axes[2].set_ylabel("RL-set mean success (greedy)")
+    axes[2].set_xlabel("teacher labels spent (sft_more_demos: expert steps of its new demonstrations)")
+    axes[2].grid(alpha=0.3)
+    for ax in axes[:2]:
         ax.set_xlabel("environment steps (demonstrations + logged fleet + own rollouts)")
         ax.set_xscale("symlog", linthresh=1000)
         ax.grid(alpha=0.3)

@@ -200,7 +200,9 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
 # The experiments' episodes as rows, as the pipeline would write and score them (processors.rows, scoring).
 COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y",
            "text", "key", "tokens", "token_logprobs", "seed", "model_version", "purpose", "weight", "score",
-           "success", "target_box", "verify_ok"]  # fmt: skip
+           "success", "target_box", "verify_ok", "temperature", "top_k", "teacher_action_type",
+           "teacher_action_x", "teacher_action_y", "teacher_action_text", "teacher_action_key", "teacher_thought",
+           "teacher_box"]  # fmt: skip
 
 
 def episode_rows(result, episode_id: str, version: str) -> list[dict]:
@@ -223,19 +225,24 @@ def to_frame(rows: list[dict]) -> pl.DataFrame:
     from learner.data import ROLLOUT_TYPES
 
     types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32), "verify_ok": pl.Boolean, "x": pl.Float64,
-                             "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64}  # fmt: skip
+                             "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64, "temperature": pl.Float64,
+                             "top_k": pl.Int32, "teacher_action_type": pl.String, "teacher_action_x": pl.Float64,
+                             "teacher_action_y": pl.Float64, "teacher_action_text": pl.String,
+                             "teacher_action_key": pl.String, "teacher_thought": pl.String,
+                             "teacher_box": pl.List(pl.Float32)}  # fmt: skip
     return pl.DataFrame(rows, schema_overrides=types, infer_schema_length=None).select(COLUMNS)
 
 
-def run_episodes(env, policy_for, tasks, seeds, repeats: int, version: str, tag: str, max_steps: int):
-    """(rows frame, env steps): every task x seed x repeat through the fleet's loop."""
+def run_episodes(env, policy_for, tasks, seeds, repeats: int, version: str, tag: str, max_steps: int, teacher=None):
+    """(rows frame, env steps): every task x seed x repeat through the fleet's loop; `teacher` (edge_client.teacher)
+    labels the screens its rule picks, as at the edge."""
     from edge_client.episode import run_episode
 
     rows, env_steps = [], 0
     for task in tasks:
         for seed in seeds:
             for r in range(repeats):
-                result = run_episode(env, policy_for(task), task, seed, max_steps)
+                result = run_episode(env, policy_for(task), task, seed, max_steps, teacher=teacher)
                 env_steps += result.steps
                 rows += episode_rows(result, f"{tag}-{task}-{seed}-{r}", version)
     return to_frame(rows), env_steps

@@ -65,6 +65,10 @@ def say_summary(report: dict) -> None:
         say(f"  {v['model_version']} ({v['stage']}, at {v['published_after_s']} s, trained {v['train_s']} s): "
             f"{v['episodes']} episodes, success {rate}")  # fmt: skip
     say(f"sampled success, last version - first: {report['success_rise']}")
+    teacher = report.get("cost", {}).get("teacher")
+    if teacher:
+        say(f"teacher: {teacher['labels']} labels {teacher['labels_by_reason']}, {teacher['reused']} reused without a "
+            f"call, skipped {teacher['skipped']}; {report['cost']['env_steps']} env steps")  # fmt: skip
     greedy = report.get("greedy")
     if greedy:
         first, last = greedy["first"], greedy["last"]

@@ -82,7 +82,19 @@ class DemoConfig:
     offline_steps: int = 100
     """Continuous: optimizer steps of the offline RL stage."""
     guidance: str = "refkl"
-    """Continuous: online RL's offline guidance, 'none', 'refkl' or 'databc'."""
+    """Continuous, curriculum 'rl': online RL's offline guidance, 'none', 'refkl' or 'databc'."""
+    teacher_budget: int = 2
+    """Continuous: teacher labels per episode each client may ask for on its model's steps (edge_client.teacher;
+    0: no teacher, the learner then retrains on the fleet's verified successes)."""
+    teacher_per_hour: float = 0.0
+    """Continuous: each client's teacher labels in any sliding hour at most (0: no hourly bound)."""
+    curriculum: str = "supervised"
+    """Continuous: the learner's curriculum after SFT, 'supervised' (retrain from SFT on demonstrations + teacher
+    labels or verified successes) or 'rl' (offline RL, then online PPO; learner.daemon)."""
+    retrain_steps: int = 300
+    """Continuous, supervised: optimizer steps of each retrain from the SFT model."""
+    rl_updates_per_retrain: int = 0
+    """Continuous, supervised: anchored PPO updates after each retrain (0: none)."""
     learner_cpu_share: float = 0.5
     """Continuous: share of this machine's CPUs the learner gets to itself (the fleet, its browsers and the
     worker share the rest; 0: no pinning). Unpinned on 2 cores, 400 SFT steps took 23 min beside the fleet
@@ -141,7 +153,9 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
         "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
         "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
-        "--guidance", config.guidance, "--poll-s", "2",
+        "--guidance", config.guidance, "--poll-s", "2", "--curriculum", config.curriculum,
+        "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
+        "--self-imitation-top-k", str(config.top_k),
     ], cpus=learner_cpus)  # fmt: skip
     if fleet_cpus:
         for worker in stack.workers:
@@ -155,7 +169,9 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
             name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
             episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
             edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s)),
+                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s),
+                       "--teacher-budget", str(config.teacher_budget),
+                       "--teacher-per-hour", str(config.teacher_per_hour)),
             cpus=fleet_cpus,
         ),
         stack, config.out,
@@ -180,12 +196,24 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         "versions": versions,
         "success_rise": success_rise(versions),
         "greedy": greedy,
+        # What the gain cost: the teacher's calls (each a paid call in a deployment) and the fleet's env steps.
+        "cost": {
+            "teacher": fleet.teacher,
+            "env_steps": fleet.steps_published,
+            "teacher_labels_per_point": per_point(fleet.teacher["labels"], greedy),
+        },
         "bootstrap": episode_stats(stack.settings.tables_dir, FLEET_PREFIX, "expert"),
         "episodes": fleet.episodes,
         "steps_published": fleet.steps_published,
         "steps_in_delta": fleet.steps_in_delta,
         "model_versions_run": fleet.model_versions,
     }
+
+
+def per_point(labels: int, greedy: dict | None) -> float | None:
+    """Teacher labels spent per point (0.01) of greedy success gained, first to last version (None: no gain)."""
+    gain = 100 * greedy["diff"] if greedy else 0.0
+    return round(labels / gain, 1) if gain > 0 else None
 
 
 def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,8 @@ class FleetResult:
     """Wall-clock time the clients were launched."""
     acting: list[list[float]]
     """Every client's [start, end] spans in episodes (RunSummary.acting), all clients together."""
+    teacher: dict
+    """The teacher's calls, all clients together: labels by why asked, skipped by why, reused (no call)."""
 
 
 def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
@@ -125,7 +128,18 @@ def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
         wall_s=round(time.monotonic() - started, 1),
         started_at=started_at,
         acting=[span for s in client_summaries for span in s["acting"]],
+        teacher=teacher_calls(client_summaries),
     )
+
+
+def teacher_calls(client_summaries: list[dict]) -> dict:
+    """The clients' teacher figures added up (edge_client.runner.RunSummary)."""
+    labels, skipped = Counter(), Counter()
+    for summary in client_summaries:
+        labels.update(summary.get("teacher_labels", {}))
+        skipped.update(summary.get("teacher_skipped", {}))
+    return {"labels": sum(labels.values()), "labels_by_reason": dict(labels), "skipped": dict(skipped),
+            "reused": sum(s.get("teacher_reused", 0) for s in client_summaries)}  # fmt: skip
 
 
 def _watch_clients(clients: list[Child], worker: Child, settings: Settings, prefix: str) -> None:
