@@ -12,7 +12,7 @@ import pytest
 from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, samples
 from flywheel.run.continuous import idle_seconds, success_rise
-from lake.tables import EPISODES, table_uri
+from lake.tables import EPISODES, STEPS, table_uri
 
 
 def test_idle_time_is_the_window_no_span_covers():
@@ -50,14 +50,16 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
     out = tmp_path / "demo"
     args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
-            "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3"]  # fmt: skip
+            "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
+            "--retrain-steps", "5", "--rl-updates-per-retrain", "1"]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
 
     stages = [v["stage"] for v in report["versions"]]
-    assert stages[0] == "sft" and "online_rl" in stages and len(stages) >= 3  # the curriculum, by itself
+    # The curriculum, by itself: SFT, then retrains from it on the teacher's labels, each refined by anchored RL.
+    assert stages[0] == "sft" and stages[1] == "dagger" and "online_rl" in stages and len(stages) >= 3, stages
     assert report["steps_in_delta"] == report["steps_published"] > 0
     assert report["bootstrap"]["episodes"] >= 6  # the experts acted until the first version arrived
     assert report["fleet_idle_s"] < 0.25 * report["run_s"]  # chromium's start; never a wait for the learner
@@ -71,6 +73,15 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
     assert greedy["diff"] == pytest.approx(greedy["last"]["success_rate"] - greedy["first"]["success_rate"], abs=1e-3)
     assert greedy["ci"][0] <= greedy["diff"] <= greedy["ci"][1] and greedy["episodes_per_task"] == 3
     assert all(len(seeds) == 3 for seeds in greedy["last"]["success_by_seed"].values())
+
+    # The teacher's calls: counted by the clients, on the steps in Delta, and in the dagger versions' lineage.
+    teacher = report["cost"]["teacher"]
+    steps = pl.read_delta(table_uri(out / "data" / "tables", STEPS))
+    labelled = steps.filter(pl.col("teacher_action_type").is_not_null())
+    assert teacher["labels"] > 0 and labelled.height == teacher["labels"] + teacher["reused"]
+    assert set(labelled["teacher_reason"]) <= {"verify_failed", "uncertain", "failing_task"}
+    assert labelled["model_version"].str.starts_with("sft-").any()  # labels on a model's own steps, not an expert's
+    assert report["cost"]["env_steps"] == report["steps_published"]
 
     episodes = pl.read_delta(table_uri(out / "data" / "tables", EPISODES)).filter(pl.col("policy") == "model")
     groups = episodes.group_by("task", "seed").len()
