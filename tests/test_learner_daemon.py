@@ -95,14 +95,19 @@ def test_the_supervised_curriculum_retrains_on_labels_or_successes_and_refines_w
     assert next_stage(after("sft", "dagger"), labelled, DaemonConfig()) == "dagger"  # the default: no RL
 
 
-def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in_the_lineage(stack, tmp_path):
-    settings = stack.settings
+def demonstrated(stack, tmp_path):
+    """(settings, the tiny recipe's path, a Log) after 12 successful demonstrations landed in the tables."""
     recipe = tmp_path / "tiny.json"
     recipe.write_text(json.dumps(TINY_RECIPE))
-    log = Log(settings.tables_dir)
+    log = Log(stack.settings.tables_dir)
     for seed in range(12):
         log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
-    config = DaemonConfig(recipe=str(recipe), every_episodes=4, min_new_episodes=4, poll_s=0.2, min_demos=12,
+    return stack.settings, str(recipe), log
+
+
+def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in_the_lineage(stack, tmp_path):
+    settings, recipe, log = demonstrated(stack, tmp_path)
+    config = DaemonConfig(recipe=recipe, every_episodes=4, min_new_episodes=4, poll_s=0.2, min_demos=12,
                           max_versions=1, retrain_steps=6)  # fmt: skip
     state = run_daemon(settings, config)
     # The model's episodes, each step labelled by the teacher with the box's centre (the policy missed it).
@@ -117,13 +122,8 @@ def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in
 
 
 def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):
-    settings = stack.settings
-    recipe = tmp_path / "tiny.json"
-    recipe.write_text(json.dumps(TINY_RECIPE))
-    log = Log(settings.tables_dir)
-    for seed in range(12):
-        log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
-    config = DaemonConfig(recipe=str(recipe), every_episodes=8, min_new_episodes=4, poll_s=0.2, offline_steps=4,
+    settings, recipe, log = demonstrated(stack, tmp_path)
+    config = DaemonConfig(recipe=recipe, every_episodes=8, min_new_episodes=4, poll_s=0.2, offline_steps=4,
                           min_demos=12, max_versions=1, curriculum="rl")  # fmt: skip
     state = run_daemon(settings, config)
     assert [v["stage"] for v in state.versions] == ["sft"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.console import jsonable, say
+from core.machine import machine
 from core.processes import pin_process
 from core.settings import TIER1_TASKS, Settings
 from flywheel.experiments.evaluation import compare_versions
@@ -189,6 +190,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
                                   config.clients)  # fmt: skip
     return {
         "mode": "continuous",
+        "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/teacher.md, reproducibility)
         "fleet_prefix": FLEET_PREFIX,
         "run_s": round(end - fleet.started_at, 1),
         "fleet_idle_s": round(idle, 1),
