@@ -67,8 +67,11 @@ def empty_label_rows() -> pl.DataFrame:
 
 
 def label_count(rows: pl.DataFrame | None) -> int:
-    """Teacher labels among DAgger's rows (the context rows are not labels)."""
-    return 0 if rows is None or rows.is_empty() else int(rows["train"].sum())
+    """Teacher labels among DAgger's rows (the context rows are not labels; rows without a `train` column, an
+    expert's new demonstrations, are labels every one)."""
+    if rows is None or rows.is_empty():
+        return 0
+    return int(rows["train"].fill_null(True).sum()) if "train" in rows.columns else rows.height
 
 
 def verified_successes(rows: pl.DataFrame, max_top_k: int) -> pl.DataFrame:

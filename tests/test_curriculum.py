@@ -49,14 +49,14 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
             "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
             "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
             "--online-lr", "1e-5", "--round-episodes", "2", "--retrain-steps", "3",
-            "--arms", "sft,sft_ppo,offline_only,dagger_rl,self_imitation_rl"]  # fmt: skip
+            "--arms", "sft,sft_ppo,offline_only,dagger_rl,self_imitation_rl,sft_more_demos"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
     rl_set = report["rl_set"]
     assert len(rl_set["tasks"]) == 1 and "nearest to 0.5" in rl_set["rule"]
     assert rl_set["selection_seeds"] == [900_000, 900_001] and rl_set["eval_seeds"] == [1_000_000, 1_000_002]
-    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only", "dagger_rl", "self_imitation_rl"}
+    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only", "dagger_rl", "self_imitation_rl", "sft_more_demos"}
     for arm, entry in report["arms"].items():
         assert entry["stages"] == list(ARMS[arm])
         assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0
@@ -73,6 +73,8 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     assert dagger["curve"][-1]["teacher_labels"] == dagger["teacher_labels"]
     assert [d["stage"] for d in dagger["diagnostics"]][0] == "dagger" and dagger["diagnostics"][0]["teacher_labels"] > 0
     assert any((out / "dagger_rl" / "gathered").glob("round-0.parquet"))
+    more = report["arms"]["sft_more_demos"]  # the baseline a label must beat: each new expert step counted as one
+    assert more["teacher_labels"] > 0 and more["diagnostics"][-1]["teacher_labels"] == more["teacher_labels"]
     sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
     assert (online["curve"][-1]["stage"], offline["curve"][-1]["stage"]) == ("online_rl:none", "offline_rl")
@@ -95,8 +97,8 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert sop.returncode == 0, sop.stdout[-3000:] + sop.stderr[-3000:]
     points = json.loads((sop_out / "sop.json").read_text())
-    # the shared SFT, offline_only's fresh start, and the 5 arms' ends
-    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 7
+    # the shared SFT, offline_only's fresh start, and the 6 arms' ends
+    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 8
     assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
 
     # A tuning run on the same shared part: every point on the selection seeds, none on an evaluation seed.

@@ -169,8 +169,11 @@ def test_the_label_travels_on_the_step_event_and_lands_in_its_row():
     assert event.teacher_action == Action("click", 80.0, 100.0) and event.teacher_reason == "uncertain"
     assert event.teacher_thought == "Click the button." and event.teacher_box == (70.0, 90.0, 90.0, 110.0)
     row = step_row(event, 0, 0)
-    assert (row["teacher_action_type"], row["teacher_action_x"], row["teacher_box"]) == ("click", 80.0,
-                                                                                       [70.0, 90.0, 90.0, 110.0])
+    assert (row["teacher_action_type"], row["teacher_action_x"], row["teacher_box"]) == (
+        "click",
+        80.0,
+        [70.0, 90.0, 90.0, 110.0],
+    )
     unlabelled = step_row(step_event(record.__class__(0, record.obs, record.decision, Verify(), 0.0, None, 1.0),
                                      "c0", "e0", "click-test", 0, "v1"), 0, 0)  # fmt: skip
     assert unlabelled["teacher_action_type"] is None and unlabelled["teacher_action_x"] is None

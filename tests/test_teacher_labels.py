@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
@@ -65,6 +66,7 @@ def test_dagger_rows_are_each_labelled_episode_up_to_its_last_label_with_the_tea
     context = rows.row(0, named=True)
     assert (context["x"], context["thought"], context["target_box"]) == (1, "Mine.", [])
     assert label_count(rows) == 1
+    assert label_count(rows.drop("train")) == 2  # an expert's demonstration: every step a teacher's answer
 
 
 def test_a_labelled_steps_prompt_holds_the_actions_the_policy_took_and_batches_never_train_on_context():
@@ -123,6 +125,20 @@ def load_tiny():
 def _tmp(tmp_path):
     global TMP
     TMP = tmp_path
+
+
+def test_a_retrain_starts_from_the_sft_model_not_from_the_drifted_policy(tmp_path):
+    train = VLATrainConfig(steps=3, batch_size=4, lr=3e-3, warmup_steps=1, seed=0, keep_ratios=(1.0,),
+                           progress_bar=False, checkpoint_every=0)  # fmt: skip
+    demos = expert_frame(range(4))
+    sft = train_vla(demos, tiny_recipe(train), tmp_path / "sft")
+    drifted = train_vla(demos, tiny_recipe(train), tmp_path / "drifted", init_checkpoint=sft.checkpoint_path)
+    for stage in ("dagger", "self_imitation"):
+        run = StageRun(stage, train, tmp_path / stage, start=str(drifted.checkpoint_path),
+                       reference=str(sft.checkpoint_path), stop_at=0)  # fmt: skip
+        result = run_stage(run, StageData(demos=demos))
+        for name, weights in result.model.state_dict().items():
+            assert torch.equal(weights, sft.model.state_dict()[name]), f"{stage} started from another model: {name}"
 
 
 def test_labels_on_the_policys_own_states_beat_the_same_retrain_without_them_on_held_out_screens(tmp_path):

@@ -631,7 +631,7 @@ def final_success_by_seed(report: dict, arm: str, out: Path) -> dict | None:
 
 def paired_to_sft(report: dict, shared: Shared) -> None:
     """Each arm's final RL-set success minus `sft`'s (vs_sft) and minus the shared SFT's (vs_start), paired on
-    the evaluation seeds, with 95 % bootstrap CIs."""
+    the evaluation seeds, with 95 % bootstrap CIs; and the teacher labels each point of vs_start cost."""
     rl_set, out = report["rl_set"]["tasks"], shared.config.out
     on_rl_set = lambda by_seed: {t: by_seed[t][: shared.eval_episodes()[t]] for t in rl_set}  # noqa: E731
     start = on_rl_set(shared.start_entry()["success_by_seed"])
@@ -644,6 +644,10 @@ def paired_to_sft(report: dict, shared: Shared) -> None:
             if other is not None:
                 diff, lo, hi = paired_diff_ci(on_rl_set(mine), other)
                 entry[key] = {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
+        # What a point of RL-set success over the shared SFT cost in teacher labels (None: no label, or no gain).
+        gain = 100 * entry.get("vs_start", {}).get("diff", 0.0)
+        labels = entry.get("teacher_labels", 0)
+        entry["teacher_labels_per_point"] = round(labels / gain, 1) if labels and gain > 0 else None
 
 
 def run_curriculum(config: CurriculumConfig) -> dict:
