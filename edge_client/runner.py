@@ -10,7 +10,7 @@ import json
 import time
 import zlib
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -46,6 +46,9 @@ class EdgeConfig:
     """Seed of the first episode; episode i of a task uses seed + i."""
     repeats: int = 1
     """Runs of each (task, seed) in a row: sampled rollouts of one start state, a GRPO group for the learner."""
+    seeds_per_visit: int = 1
+    """Seeds of a task run in a row before the next task: a task switch is a page load and a warm-up start
+    (~0.7 s here), so few repeats per seed and one seed per visit spend much of the fleet's time switching."""
     channel: str | None = None
     """Model-versions channel to follow; None: canary for settings.canary_fraction of clients, else stable."""
     wait_for_model_s: float = 120.0
@@ -131,14 +134,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     # A model reads pixels only; the DOM is read for the scripted experts (and a fleet that starts on them).
     reads_dom = config.policy == "expert" or config.bootstrap_expert
     env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
-    if config.repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {config.repeats}")
-    schedule = (
-        (index, task, repeat)
-        for index in range(config.episodes_per_task)
-        for task in config.tasks
-        for repeat in range(config.repeats)
-    )
+    schedule = episode_schedule(config)
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s is not None else None
     try:
         for run, (index, task, repeat) in enumerate(schedule):
@@ -171,6 +167,18 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     if config.summary_path is not None:
         config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
     return summary
+
+
+def episode_schedule(config: EdgeConfig) -> Iterator[tuple[int, str, int]]:
+    """(seed index, task, repeat) of each episode in order: the tasks in turn, `seeds_per_visit` seeds of a task
+    per visit, each seed `repeats` times in a row."""
+    if config.repeats < 1 or config.seeds_per_visit < 1:
+        raise ValueError(f"repeats and seeds_per_visit must be >= 1, got {config.repeats}, {config.seeds_per_visit}")
+    for first in range(0, config.episodes_per_task, config.seeds_per_visit):
+        for task in config.tasks:
+            for index in range(first, min(first + config.seeds_per_visit, config.episodes_per_task)):
+                for repeat in range(config.repeats):
+                    yield index, task, repeat
 
 
 def step_event(

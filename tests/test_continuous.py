@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import polars as pl
 import pytest
 
 from edge_client.experts import expert_for
-from edge_client.runner import EdgeConfig, RunSummary, samples
+from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, table_uri
 
@@ -37,6 +38,16 @@ def test_only_a_sampling_model_repeats_a_seed():
         version = "sft-0001"
 
     assert samples(Model(), config) and not samples(Model(), EdgeConfig("c0", temperature=0.0))
+
+
+def test_a_client_visits_each_task_for_its_seeds_per_visit_seeds_before_switching():
+    config = EdgeConfig("c0", tasks=("a", "b"), episodes_per_task=3, repeats=2, seeds_per_visit=2)
+    assert list(episode_schedule(config)) == [(0, "a", 0), (0, "a", 1), (1, "a", 0), (1, "a", 1),
+                                              (0, "b", 0), (0, "b", 1), (1, "b", 0), (1, "b", 1),
+                                              (2, "a", 0), (2, "a", 1), (2, "b", 0), (2, "b", 1)]  # fmt: skip
+    assert [t for _, t, _ in episode_schedule(replace(config, seeds_per_visit=1, repeats=1))] == list("ababab")
+    with pytest.raises(ValueError, match="seeds_per_visit"):
+        list(episode_schedule(replace(config, seeds_per_visit=0)))
 
 
 def test_success_rise_compares_versions_the_fleet_ran_enough():

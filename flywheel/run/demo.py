@@ -69,6 +69,8 @@ class DemoConfig:
     """Continuous: the fleet samples among the k likeliest allowed tokens."""
     repeats: int = 8
     """Continuous: sampled rollouts per (task, seed), the online RL's groups."""
+    seeds_per_visit: int = 1
+    """Continuous: seeds of a task each client runs before switching task (a switch costs ~0.7 s here)."""
     greedy_episodes: int = 50
     """Continuous: at the end, the first and the last published versions run greedily on this many held-out
     seeds per task, paired (report.json "greedy"; 0: not)."""
@@ -170,7 +172,8 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
             name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
             episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
             edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-                       "--repeats", str(config.repeats), "--stop-after-s", str(run_s),
+                       "--repeats", str(config.repeats), "--seeds-per-visit", str(config.seeds_per_visit),
+                       "--stop-after-s", str(run_s),
                        "--teacher-budget", str(config.teacher_budget),
                        "--teacher-per-hour", str(config.teacher_per_hour)),
             cpus=fleet_cpus,
