@@ -23,7 +23,7 @@
                         + every label so far (learner.stages "dagger")
     self_imitation      each round: the policy's top-k sampled episodes on the RL set, the successes kept, then
                         SFT from the shared SFT on the demonstrations + every success so far (no teacher)
-    dagger_rl           dagger for first_share of the budget, then online PPO anchored (a fixed-weight BC term on
+    dagger_rl           dagger for offline_share of the budget, then online PPO anchored (a fixed-weight BC term on
                         the demonstrations + labels; the teacher still labels, its agreement a step reward)
     self_imitation_rl   self_imitation, then online PPO anchored on the demonstrations + successes
     offline_only, sft_semi_online_views: optional (not in the default set)
