@@ -111,15 +111,17 @@ def test_unsupported_fields_and_unknown_names_are_refused():
 # --- the flywheel commands ---------------------------------------------------------------------------------------
 
 # Fields that are deliberately no flag: the recipe comes from --recipe; cmd_sft fixes the metrics' cadence.
-NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}}
+NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}, "EdgeConfig": {"teacher"}}  # teacher: its own
 UNSET = {"VLATrainConfig"}  # overrides of the recipe's values
 # Flags that tests, scripts (flywheel.run.fleet, flywheel.run.demo) and the README use.
 FLAGS_IN_USE = {
     "edge": "--client-id --tasks --episodes --policy --max-steps --seed --summary --wait-for-model --stop-after-s "
-    "--metrics-port",
+    "--metrics-port --repeats --seeds-per-visit --teacher-budget --teacher-per-hour",
     "demo": "--turns --clients --tasks --episodes-per-task --sft-steps --finetune-steps --out --no-prometheus "
     "--prometheus-port",
     "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path",
+    "learner": "--recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
+    "--guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
     "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
     "sft": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
     "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
@@ -150,6 +152,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 @pytest.fixture(scope="module")
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
+    from edge_client.teacher import TeacherConfig
     from flywheel.bench.edge import EdgeBenchConfig
     from flywheel.bench.env import EnvBenchConfig
     from flywheel.bench.learner import LearnerBenchConfig
@@ -166,7 +169,7 @@ def config_classes() -> dict[str, type]:
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig)  # fmt: skip
+               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
