@@ -184,8 +184,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
                          StageData(demos=load_samples(tables, ("demo", "success"), versions)))  # fmt: skip
     if stage in ("dagger", "self_imitation"):
         # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.
-        extra = load_teacher_labels(tables, versions) if stage == "dagger" else \
-            load_verified_successes(tables, config.self_imitation_top_k, versions)  # fmt: skip
+        extra = gathered_supervision(tables, versions, config, labelled=stage == "dagger")
         run = StageRun(stage, replace(rl_train, steps=config.retrain_steps), work / f"{stage}-at-{at}",
                        reference=state.sft_checkpoint, recipe=recipe)  # fmt: skip
         state.online_dir = f"online-after-{at}"  # anchored RL after this retrain starts from it
@@ -203,8 +202,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     guidance = config.guidance if config.curriculum == "rl" else "anchor"
     demos = load_samples(tables, ("demo",), versions) if guidance in ("databc", "anchor") else None
     if guidance == "anchor":  # the same supervision the retrain had: demonstrations + labels (or successes)
-        extra = load_teacher_labels(tables, versions) if counts.teacher_labels else \
-            load_verified_successes(tables, config.self_imitation_top_k, versions)  # fmt: skip
+        extra = gathered_supervision(tables, versions, config, labelled=bool(counts.teacher_labels))
         demos = with_extra(demos, extra)
     # One online run across updates (per retrain): its directory keeps the optimizer going.
     online_train = replace(rl_train, lr=config.online_lr)
@@ -213,6 +211,14 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
                        StageData(rollouts=rollouts, demos=demos))  # fmt: skip
     state.online_env_steps += counts.fresh_steps  # beta's clock: each environment step counted once
     return result
+
+
+def gathered_supervision(tables: Path, versions: dict[str, int], config: DaemonConfig, labelled: bool) -> pl.DataFrame:
+    """What the fleet's experience bought beyond the demonstrations: every teacher label (DAgger's aggregate), or,
+    while no label was given, the verified successes."""
+    if labelled:
+        return load_teacher_labels(tables, versions)
+    return load_verified_successes(tables, config.self_imitation_top_k, versions)
 
 
 def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
