@@ -1,4 +1,4 @@
-"""`flywheel experiment curriculum`: its bookkeeping, and one tiny real run (browser, SFT, offline, online)."""
+"""`flywheel experiment curriculum`: its bookkeeping, and one tiny real run (browser, SFT, retrain rounds, online)."""
 
 from __future__ import annotations
 
@@ -49,14 +49,14 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
             "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
             "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
             "--online-lr", "1e-5", "--round-episodes", "2", "--retrain-steps", "3",
-            "--arms", "sft,sft_ppo,offline_only,dagger_rl,self_imitation_rl,sft_more_demos"]  # fmt: skip
+            "--arms", "sft,sft_ppo,dagger_rl,self_imitation_rl,sft_more_demos"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
     rl_set = report["rl_set"]
     assert len(rl_set["tasks"]) == 1 and "nearest to 0.5" in rl_set["rule"]
     assert rl_set["selection_seeds"] == [900_000, 900_001] and rl_set["eval_seeds"] == [1_000_000, 1_000_002]
-    assert set(report["arms"]) == {"sft", "sft_ppo", "offline_only", "dagger_rl", "self_imitation_rl", "sft_more_demos"}
+    assert set(report["arms"]) == {"sft", "sft_ppo", "dagger_rl", "self_imitation_rl", "sft_more_demos"}
     for arm, entry in report["arms"].items():
         assert entry["stages"] == list(ARMS[arm])
         assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0
@@ -75,11 +75,12 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     assert any((out / "dagger_rl" / "gathered").glob("round-0.parquet"))
     more = report["arms"]["sft_more_demos"]  # the baseline a label must beat: each new expert step counted as one
     assert more["teacher_labels"] > 0 and more["diagnostics"][-1]["teacher_labels"] == more["teacher_labels"]
-    sft, online, offline = (report["arms"][a] for a in ("sft", "sft_ppo", "offline_only"))
+    sft, online = (report["arms"][a] for a in ("sft", "sft_ppo"))
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
-    assert (online["curve"][-1]["stage"], offline["curve"][-1]["stage"]) == ("online_rl:none", "offline_rl")
-    # Online RL pays for its own rollouts, offline RL for the logged fleet's; SFT only for the demonstrations.
-    assert online["env_steps"] > sft["env_steps"] > 0 and offline["env_steps"] > sft["env_steps"]
+    assert online["curve"][-1]["stage"] == "online_rl:none"
+    # Online RL pays for its own rollouts; SFT only for the demonstrations. (The offline stage's own test is
+    # tests/test_offline_rl.py: issue 23's offline arms are out of this run, to keep the suite under 30 min.)
+    assert online["env_steps"] > sft["env_steps"] > 0
     assert (out / "curriculum.png").stat().st_size > 0
     # The online stage steps at its own learning rate, not the SFT and offline stages' rl_lr.
     online = torch.load(out / "sft_ppo" / "online" / "vla_checkpoint.pt", weights_only=True)
@@ -97,8 +98,8 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert sop.returncode == 0, sop.stdout[-3000:] + sop.stderr[-3000:]
     points = json.loads((sop_out / "sop.json").read_text())
-    # the shared SFT, offline_only's fresh start, and the 6 arms' ends
-    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 8
+    # the shared SFT and the 5 arms' ends
+    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 6
     assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
 
     # A tuning run on the same shared part: every point on the selection seeds, none on an evaluation seed.
