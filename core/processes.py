@@ -1,13 +1,17 @@
 """Child processes started by the demo and the tests: `flywheel <subcommand>` in a fresh interpreter,
-output to a log file, stopped with SIGTERM then SIGKILL. Every process started is stopped."""
+output to a log file, stopped with SIGTERM then SIGKILL. Every process started is stopped. And the pieces the
+local services (the Kafka nodes, the object store) are run with: a detached spawn, a file lock."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -86,3 +90,29 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "co
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def spawn_detached(cmd: list[str], log_path: Path) -> int:
+    """Start cmd in a new session (no terminal signals reach it), stdout/stderr to log_path; return its pid.
+
+    posix_spawn rather than Popen: no Popen object to warn about a still-running child, yet the broker stays our
+    child while we live, so `down` can reap it (orphans are left to PID 1, which in some containers never does).
+    """
+    if log_path.exists():  # keep the previous run's log, but not every run's
+        log_path.replace(log_path.with_suffix(".log.1"))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    files = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), flags, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    return os.posix_spawn(cmd[0], cmd, os.environ, file_actions=files, setsid=True)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created) for the block: one of several processes sharing a cache does
+    the work."""
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -10,8 +10,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.object_store import Files, Location, ObjectStoreError, S3Config, is_remote, join
 
 TIER1_TASKS: tuple[str, ...] = (
     "click-test",
@@ -57,7 +59,10 @@ def parse_tasks(value: str) -> tuple[str, ...]:
 
 class Settings(BaseSettings):
     # hide_input_in_errors: a validation error must not echo the input, which may hold the SASL password.
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore", hide_input_in_errors=True)
+    # populate_by_name: Settings(s3_access_key=...) in code, the FLYWHEEL_/AWS_ variables from the environment.
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_", extra="ignore", hide_input_in_errors=True, populate_by_name=True
+    )
 
     home: Path = Field(
         Path.home() / ".cache" / "flywheel", description="Where the Kafka jars, broker data and run state live."
@@ -73,7 +78,27 @@ class Settings(BaseSettings):
     )
     kafka_version: str = Field("4.1.1", description="Apache Kafka release resolved from Maven Central.")
     kafka_heap: str = Field("384m", description="Broker JVM heap: small on purpose, the box has 2 cores and is shared.")
-    data_dir: Path = Field(Path("flywheel-data"), description="Root of the Delta tables and the artifact store.")
+    data_dir: str = Field(
+        "flywheel-data",
+        description="Root of the Delta tables and the artifact store: a local directory, or s3://bucket/prefix on "
+        "the object store at s3_endpoint (empty: the local S3Proxy, `flywheel objectstore up`).",
+    )
+    s3_endpoint: str = Field(
+        "", description="S3-compatible endpoint (http://host:port) of an s3:// data_dir; empty: the local S3Proxy."
+    )
+    s3_port: int = Field(19400, description="Port of the local S3Proxy (loopback only).")
+    s3_access_key: str = Field(
+        "", validation_alias=AliasChoices("FLYWHEEL_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID"),
+        description="Access key; empty: the local S3Proxy's, made at its first start.",
+    )  # fmt: skip
+    s3_secret_key: SecretStr = Field(
+        SecretStr(""), validation_alias=AliasChoices("FLYWHEEL_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
+        description="Secret key; never printed. Empty: the local S3Proxy's, made at its first start.",
+    )  # fmt: skip
+    s3_region: str = Field("us-east-1", validation_alias=AliasChoices("FLYWHEEL_S3_REGION", "AWS_REGION"),
+                           description="Region the requests are signed for.")  # fmt: skip
+    s3proxy_version: str = Field("4.1.0", description="S3Proxy release resolved from Maven Central (4.x: real "
+                                 "If-None-Match on PUT, which concurrent Delta commits rely on).")  # fmt: skip
     topic_partitions: int = Field(4, description="Partitions of the steps and episodes topics.")
     topic_retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Retention of the event topics (-1: forever).")
     topic_prefix: str = Field(
@@ -116,6 +141,11 @@ class Settings(BaseSettings):
     maintenance_interval_s: float = Field(
         0.0, ge=0.0, description="Seconds between the worker's Delta maintenance passes (0: off; `flywheel maintain`)."
     )
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _location_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value  # a local Path given in code
 
     @model_validator(mode="after")
     def _sasl_needs_credentials(self) -> Settings:
@@ -181,17 +211,69 @@ class Settings(BaseSettings):
         return bool(self.bootstrap_servers)
 
     @property
-    def tables_dir(self) -> Path:
-        return self.data_dir / "tables"
+    def data_is_remote(self) -> bool:
+        """The data directory is on an object store (s3://...)."""
+        return is_remote(self.data_dir)
 
     @property
-    def artifacts_dir(self) -> Path:
-        return self.data_dir / "artifacts"
+    def tables_dir(self) -> Location:
+        return join(self.data_dir, "tables")
 
     @property
-    def pins_dir(self) -> Path:
+    def artifacts_dir(self) -> Location:
+        return join(self.data_dir, "artifacts")
+
+    @property
+    def pins_dir(self) -> Location:
         """Table versions running learners read (lake/pins.py): Delta maintenance keeps their files."""
-        return self.data_dir / "learner" / "pins"
+        return join(self.data_dir, "learner", "pins")
+
+    @property
+    def learner_dir(self) -> Path:
+        """The learner's own working files (checkpoints, its daemon's state): beside the tables on a local data
+        dir, under home when the tables are on the object store (only pins and models are shared)."""
+        return self.home / "learner" if self.data_is_remote else Path(self.data_dir) / "learner"
+
+    @property
+    def objectstore_dir(self) -> Path:
+        """The local S3Proxy's jar, configuration, credential, log and data (its filesystem backend)."""
+        return self.home / "objectstore"
+
+    @property
+    def local_s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def local_s3_credential_path(self) -> Path:
+        """`access secret` of the local S3Proxy, made at its first start (flywheel.ops.objectstore)."""
+        return self.objectstore_dir / "credential"
+
+    @property
+    def s3_config(self) -> S3Config:
+        """Endpoint and credential of the object store: the configured ones, else the local S3Proxy's."""
+        access, secret = self.s3_access_key, self.s3_secret_key.get_secret_value()
+        if not (access and secret):
+            try:
+                access, secret = self.local_s3_credential_path.read_text().split()
+            except FileNotFoundError:
+                raise ObjectStoreError(
+                    "no object store credential: set FLYWHEEL_S3_ACCESS_KEY and FLYWHEEL_S3_SECRET_KEY (or AWS_*), "
+                    "or start the local one first (`flywheel objectstore up`)"
+                ) from None
+        return S3Config(self.s3_endpoint or self.local_s3_endpoint, access, secret, self.s3_region)
+
+    def files(self) -> Files:
+        """Files over local paths and the object store's URIs (its credential looked up at the first remote call)."""
+        return Files(lambda: self.s3_config)
+
+    def storage_options(self, location: Location) -> dict[str, str] | None:
+        """What delta-rs and polars need to reach `location`: the object store's options, None on local disk."""
+        return self.s3_config.delta_options() if is_remote(location) else None
+
+    @property
+    def uses_local_objectstore(self) -> bool:
+        """An s3:// data directory with no endpoint configured: the project's own S3Proxy serves it."""
+        return self.data_is_remote and not self.s3_endpoint
 
 
 @lru_cache(maxsize=1)

@@ -57,6 +57,25 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def _objectstore(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.set_defaults(func=cmd_objectstore)
+
+
+def cmd_objectstore(args: argparse.Namespace) -> int:
+    from flywheel.ops import objectstore
+
+    settings = get_settings()
+    if args.action == "up":
+        pid = objectstore.up(settings)
+        print(f"object store running (pid {pid}) at {settings.local_s3_endpoint}, If-None-Match: * answered 412")
+    elif args.action == "down":
+        print("object store stopped" if objectstore.down(settings) else "object store was not running")
+    else:
+        print(json.dumps(objectstore.status(settings), indent=2))
+    return 0
+
+
 def _process(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0)
     p.add_argument("--loglevel", default="warning")
@@ -412,6 +431,7 @@ def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "kafka": ("the local Kafka broker (KRaft, from Maven Central jars)", _kafka),
+    "objectstore": ("the local S3-compatible object store (S3Proxy 4.x, from Maven Central)", _objectstore),
     "process": ("run the faust stream processors (steps -> Delta)", _process),
     "edge": ("run one edge client", _edge),
     "sft": ("one SFT run on the Delta tables' demonstrations and successes, published as a model version", _sft),

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
-from lake.tables import EPISODES, STEPS, table_uri
+from core.object_store import Location
+from lake.tables import EPISODES, STEPS, scan, table_exists, table_uri
 
 
-def scan_table(tables_dir: Path, table: str) -> pl.LazyFrame | None:
+def scan_table(tables_dir: Location, table: str) -> pl.LazyFrame | None:
     """The table, or None before its first commit."""
     uri = table_uri(tables_dir, table)
-    if not (Path(uri) / "_delta_log").is_dir():
-        return None
-    return pl.scan_delta(uri)
+    return scan(uri) if table_exists(uri) else None
 
 
-def step_count(tables_dir: Path, client_prefix: str = "") -> int:
+def step_count(tables_dir: Location, client_prefix: str = "") -> int:
     steps = scan_table(tables_dir, STEPS)
     if steps is None:
         return 0
     return steps.filter(pl.col("client_id").str.starts_with(client_prefix)).select(pl.len()).collect().item()
 
 
-def episode_stats(tables_dir: Path, client_prefix: str = "", model_version: str | None = None) -> dict:
+def episode_stats(tables_dir: Location, client_prefix: str = "", model_version: str | None = None) -> dict:
     """{"episodes", "success_rate", "per_task": {task: {"episodes", "success_rate"}}} of matching episodes
     (of one model version when given)."""
     episodes = scan_table(tables_dir, EPISODES)
@@ -51,7 +48,7 @@ def episode_stats(tables_dir: Path, client_prefix: str = "", model_version: str 
     }
 
 
-def success_by_task_and_version(tables_dir: Path) -> list[dict]:
+def success_by_task_and_version(tables_dir: Location) -> list[dict]:
     """[{"task", "model_version", "episodes", "success_rate"}] over every episode in the table."""
     episodes = scan_table(tables_dir, EPISODES)
     if episodes is None:
@@ -65,7 +62,7 @@ def success_by_task_and_version(tables_dir: Path) -> list[dict]:
     )
 
 
-def episodes_by_version(tables_dir: Path) -> list[dict]:
+def episodes_by_version(tables_dir: Location) -> list[dict]:
     """[{"model_version", "episodes", "successes"}] over every episode in the table."""
     episodes = scan_table(tables_dir, EPISODES)
     if episodes is None:

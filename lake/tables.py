@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
+import polars as pl
 import pyarrow as pa
+from deltalake import DeltaTable
+
+from core.object_store import Files, Location, is_remote, join
 
 STEPS = "steps"  # bronze: every valid step event, append-only, partitioned by date
 EPISODES = "episodes"  # silver: one scored row per episode
@@ -123,5 +128,59 @@ IDENTITY: dict[str, tuple[str, ...]] = {
 }
 
 
-def table_uri(tables_dir: Path, name: str) -> str:
-    return str(Path(tables_dir).resolve() / name)
+def table_uri(tables_dir: Location, name: str) -> str:
+    """Where table `name` lives: an absolute local path, or an s3:// URI."""
+    return str(join(tables_dir, name)) if is_remote(tables_dir) else str(Path(tables_dir).resolve() / name)
+
+
+# Every open, read and write of a table goes through these, so a table on the object store gets its storage options
+# (the endpoint and credential of core.settings) wherever it is touched. A DeltaTable object keeps its own options,
+# but polars needs them with the URI: `pl.scan_delta(DeltaTable(...))` would drop them.
+def storage_options(uri: str) -> dict[str, str] | None:
+    from core.settings import get_settings
+
+    return get_settings().storage_options(uri)
+
+
+def table_files() -> Files:
+    """The files around a table (its log's checkpoint pointer, vacuum's candidates), local or on the object store."""
+    from core.settings import get_settings
+
+    return get_settings().files()
+
+
+def data_file_paths(uri: str, log_paths: list[str]):
+    """(paths, pyarrow filesystem) to read a table's data files, given their paths as its log has them (relative,
+    URL-quoted): local paths and None, or the object store's bucket/key paths and its S3FileSystem."""
+    paths = [f"{uri.rstrip('/')}/{unquote(p)}" for p in log_paths]
+    if not is_remote(uri):
+        return paths, None
+    from pyarrow import fs
+
+    from core.settings import get_settings
+
+    store = get_settings().s3_config
+    scheme, host = store.endpoint.split("://", 1)
+    s3 = fs.S3FileSystem(
+        access_key=store.access_key,
+        secret_key=store.secret_key,
+        region=store.region,
+        endpoint_override=host,
+        scheme=scheme,
+    )  # path-style: virtual addressing is off by default
+    return [p.removeprefix("s3://") for p in paths], s3
+
+
+def table_exists(uri: str) -> bool:
+    """True once the table's first commit is in."""
+    if not is_remote(uri):
+        return (Path(uri) / "_delta_log").is_dir()
+    return DeltaTable.is_deltatable(uri, storage_options=storage_options(uri))
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable:
+    return DeltaTable(uri, version=version, storage_options=storage_options(uri))
+
+
+def scan(uri: str, version: int | None = None) -> pl.LazyFrame:
+    return pl.scan_delta(uri, version=version, storage_options=storage_options(uri))

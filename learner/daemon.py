@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Literal
 
 import polars as pl
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from core.object_store import Location
 from core.settings import Settings
 from lake.pins import pinned
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
 from learner import metrics
 from learner.config import VLARecipe
 from learner.data import load_rollouts, load_samples, table_versions
@@ -151,11 +151,11 @@ def is_due(state: DaemonState, counts: TableCounts, now: float, config: DaemonCo
     return new_episodes >= config.min_new_episodes and now - state.last_publish_at >= 60 * config.every_minutes
 
 
-def table_counts(tables_dir: Path, since: float) -> TableCounts:
+def table_counts(tables_dir: Location, since: float) -> TableCounts:
     """What the schedule looks at, from the episodes table (and the teacher's labels from the steps table)."""
     model, expert = pl.col("policy") == "model", pl.col("policy") == "expert"
     counts = (
-        pl.scan_delta(table_uri(tables_dir, EPISODES))
+        scan(table_uri(tables_dir, EPISODES))
         .select(
             (model & (pl.col("produced_at") > since)).sum().alias("fresh"),
             pl.col("steps").filter(model & (pl.col("produced_at") > since)).sum().alias("fresh_steps"),
@@ -164,7 +164,7 @@ def table_counts(tables_dir: Path, since: float) -> TableCounts:
         )
         .collect()
     )
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS))
+    steps = scan(table_uri(tables_dir, STEPS))
     labels = 0
     if "teacher_action_type" in steps.collect_schema().names():
         labels = int(steps.select(pl.col("teacher_action_type").is_not_null().sum()).collect().item() or 0)
@@ -174,7 +174,7 @@ def table_counts(tables_dir: Path, since: float) -> TableCounts:
 
 def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: DaemonState,
                 versions: dict[str, int], counts: TableCounts) -> VLAResult:  # fmt: skip
-    tables, work = settings.tables_dir, settings.data_dir / "learner" / "daemon"
+    tables, work = settings.tables_dir, settings.learner_dir / "daemon"
     recipe = VLARecipe.load(config.recipe, progress_bar=False)
     at = "-".join(str(v) for v in versions.values())
     rl_train = replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
@@ -223,7 +223,7 @@ def gathered_supervision(tables: Path, versions: dict[str, int], config: DaemonC
 
 def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
     """Train and publish until max_versions or stop_after_s (forever when both are 0)."""
-    state_path = settings.data_dir / "learner" / "daemon" / "state.json"
+    state_path = settings.learner_dir / "daemon" / "state.json"
     state = DaemonState.load(state_path)
     started = time.monotonic()
     published_now = 0
@@ -271,11 +271,11 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
     return state
 
 
-def _has_tables(tables_dir: Path) -> bool:
+def _has_tables(tables_dir: Location) -> bool:
     """Whether the pipeline has written the tables the curriculum reads (a fresh deployment has none)."""
     for name in (STEPS, EPISODES, TRAINING_SAMPLES):
         try:
-            DeltaTable(table_uri(tables_dir, name))
+            open_table(table_uri(tables_dir, name))
         except TableNotFoundError:
             return False
     return True

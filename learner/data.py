@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
-from deltalake import DeltaTable
 
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from core.object_store import Location
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
 
 SFT_COLUMNS = [
     "episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y", "text", "key"
@@ -19,28 +17,30 @@ ROLLOUT_TYPES = {"tokens": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float
                  "model_version": pl.String}  # fmt: skip
 
 
-def table_versions(tables_dir: Path) -> dict[str, int]:
+def table_versions(tables_dir: Location) -> dict[str, int]:
     """Current version of each table the learner reads: the lineage a model version records."""
-    return {name: DeltaTable(table_uri(tables_dir, name)).version() for name in (STEPS, TRAINING_SAMPLES)}
+    return {name: open_table(table_uri(tables_dir, name)).version() for name in (STEPS, TRAINING_SAMPLES)}
 
 
-def load_samples(tables_dir: Path, purposes: tuple[str, ...], versions: dict[str, int] | None = None) -> pl.DataFrame:
+def load_samples(
+    tables_dir: Location, purposes: tuple[str, ...], versions: dict[str, int] | None = None
+) -> pl.DataFrame:
     """Rows of `training_samples` with the given purposes, joined to their step payloads.
 
     `versions` pins the table versions read (time travel), so a training run is reproducible.
     """
     versions = versions or table_versions(tables_dir)
     samples = (
-        pl.scan_delta(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        scan(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
         .filter(pl.col("purpose").is_in(list(purposes)))
         .select("episode_id", "step", "purpose", "weight")
     )
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=versions[STEPS]).select(SFT_COLUMNS)
+    steps = scan(table_uri(tables_dir, STEPS), version=versions[STEPS]).select(SFT_COLUMNS)
     return samples.join(steps, on=["episode_id", "step"], how="inner").collect()
 
 
 def load_rollouts(
-    tables_dir: Path, purposes: tuple[str, ...], versions: dict[str, int] | None = None, since: float = 0.0
+    tables_dir: Location, purposes: tuple[str, ...], versions: dict[str, int] | None = None, since: float = 0.0
 ) -> pl.DataFrame:
     """Curated steps of logged episodes for the RL stages: SFT_COLUMNS + ROLLOUT_COLUMNS + purpose, weight,
     score and success (joined from `episodes`). `since`: only episodes produced after this unix time (the
@@ -48,16 +48,16 @@ def load_rollouts(
     `episodes` is read at its newest version, which holds every episode those samples name."""
     versions = versions or table_versions(tables_dir)
     samples = (
-        pl.scan_delta(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        scan(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
         .filter(pl.col("purpose").is_in(list(purposes)) & (pl.col("produced_at") > since))
         .select("episode_id", "step", "purpose", "weight", "score")
     )
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=versions[STEPS])
+    steps = scan(table_uri(tables_dir, STEPS), version=versions[STEPS])
     have = steps.collect_schema().names()
     # Tables written before the edge recorded its tokens have no such columns: their steps have none.
     missing = [pl.lit(None, dtype=ROLLOUT_TYPES[c]).alias(c) for c in ROLLOUT_COLUMNS if c not in have]
     steps = steps.select([c for c in SFT_COLUMNS + ROLLOUT_COLUMNS if c in have]).with_columns(missing)
-    episodes = pl.scan_delta(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
+    episodes = scan(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
     return (
         samples.join(steps, on=["episode_id", "step"], how="inner")
         .join(episodes, on="episode_id", how="inner")
@@ -66,11 +66,11 @@ def load_rollouts(
     )
 
 
-def load_trajectories(tables_dir: Path, versions: dict[str, int] | None = None) -> pl.DataFrame:
+def load_trajectories(tables_dir: Location, versions: dict[str, int] | None = None) -> pl.DataFrame:
     """The demonstrations as expert trajectories for semi-online RL and SOP (learner.semi_online): SFT_COLUMNS
     + target_box (each click's element box; empty in tables written before the experts recorded it), in
     episode and step order. Curation keeps only successful demonstrations, so every trajectory reaches its goal."""
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
+    steps = scan(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
     if "target_box" not in steps.collect_schema().names():
         steps = steps.with_columns(pl.lit([], dtype=pl.List(pl.Float32)).alias("target_box"))
     samples = load_samples(tables_dir, ("demo",), versions).select("episode_id", "step")

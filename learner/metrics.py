@@ -1,9 +1,12 @@
 """Prometheus metrics of the learner (naming: docs/runbook.md, Metric names)."""
 
+from __future__ import annotations
+
 import time
-from pathlib import Path
 
 from prometheus_client import Counter, Gauge
+
+from core.object_store import Location
 
 TRAINING_STEPS = Counter("flywheel_learner_training_steps_total", "Optimiser steps taken", ["stage"])
 LOSS = Gauge("flywheel_learner_loss", "Latest training loss", ["stage"])
@@ -36,19 +39,19 @@ LIVE_SUCCESS = Gauge(
 )
 
 
-def training_started(stage: str, tables_dir: Path, versions: dict[str, int]) -> None:
+def training_started(stage: str, tables_dir: Location, versions: dict[str, int]) -> None:
     """Stage in progress, and how old the newest training_samples row at the version read is."""
     import polars as pl
 
     from lake.queries import success_by_task_and_version
-    from lake.tables import TRAINING_SAMPLES, table_uri
+    from lake.tables import TRAINING_SAMPLES, scan, table_uri
 
     STAGE.clear()
     STAGE.labels(stage).set(1)
     TRAINING_STEPS.labels(stage)  # at 0 before the first step, so no step goes uncounted
     VERSIONS_PUBLISHED.labels(stage)
     newest = (
-        pl.scan_delta(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        scan(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
         .select(pl.col("ingested_at").max())
         .collect()
         .item()

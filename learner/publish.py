@@ -11,19 +11,19 @@ from pathlib import Path
 
 import msgspec
 
+from core.object_store import Location
 from core.settings import Settings
 from registry.signing import load_or_create_key, sign
-from registry.store import store_artifact, write_manifest
+from registry.store import manifest_locations, store_artifact, write_manifest
 from schemas import ModelVersionEvent, encode_event, new_event_id
 from streams.kafka_clients import make_producer
 from streams.model_versions import latest_by_channel
 from streams.topics import topics_for
 
 
-def next_version(artifacts_dir: Path, stage: str) -> str:
+def next_version(artifacts_dir: Location, stage: str) -> str:
     """'sft-0003': stage plus a counter over the versions already in the store."""
-    existing = list((artifacts_dir / "manifests").glob("*.json"))
-    return f"{stage}-{len(existing) + 1:04d}"
+    return f"{stage}-{len(manifest_locations(artifacts_dir)) + 1:04d}"
 
 
 def publish_artifact(

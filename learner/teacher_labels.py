@@ -18,12 +18,11 @@ Both row kinds are trained with the demonstrations from the SFT model each round
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import polars as pl
 
-from lake.tables import EPISODES, STEPS, table_uri
+from core.object_store import Location
+from lake.tables import EPISODES, STEPS, scan, table_uri
 from learner.action_match import action_score, expert_action
 from learner.data import SFT_COLUMNS, table_versions
 
@@ -97,19 +96,21 @@ def teacher_agreement(rows: pl.DataFrame) -> np.ndarray:
     return out
 
 
-def load_teacher_labels(tables_dir: Path, versions: dict[str, int] | None = None) -> pl.DataFrame:
+def load_teacher_labels(tables_dir: Location, versions: dict[str, int] | None = None) -> pl.DataFrame:
     """teacher_rows of the steps table at `versions` (pinned; empty before any step carried a label)."""
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
+    steps = scan(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
     if "teacher_action_type" not in steps.collect_schema().names():
         return empty_label_rows()
     return teacher_rows(steps.select(*SFT_COLUMNS, *TEACHER_COLUMNS))
 
 
-def load_verified_successes(tables_dir: Path, max_top_k: int, versions: dict[str, int] | None = None) -> pl.DataFrame:
+def load_verified_successes(
+    tables_dir: Location, max_top_k: int, versions: dict[str, int] | None = None
+) -> pl.DataFrame:
     """verified_successes of the steps table at `versions`, each episode's success read from `episodes`."""
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
+    steps = scan(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
     if "temperature" not in steps.collect_schema().names():
         return pl.DataFrame(schema={c: pl.String for c in SFT_COLUMNS})
-    episodes = pl.scan_delta(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
+    episodes = scan(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
     rows = steps.select(*SFT_COLUMNS, "model_version", "temperature", "top_k").join(episodes, on="episode_id")
     return verified_successes(rows.collect(), max_top_k)

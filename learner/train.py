@@ -20,7 +20,7 @@ from learner.publish import publish_artifact
 from learner.training_run import VLAProgress
 from learner.vla_export import export_bundle
 from learner.vla_sft import train_vla
-from registry.store import resolve_model
+from registry.store import read_manifest, resolve_model
 from streams.model_versions import latest_by_channel
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def _learn_at(settings: Settings, config: LearnConfig, versions: dict[str, int],
     # train_vla resumes from its directory's checkpoint: only a run on the same parent *and* the same table
     # versions may resume; new data starts a new run.
     at = "-".join(str(v) for v in versions.values())
-    work_dir = settings.data_dir / "learner" / "runs" / f"vla-from-{parent or 'scratch'}-at-{at}"
+    work_dir = settings.learner_dir / "runs" / f"vla-from-{parent or 'scratch'}-at-{at}"
 
     def on_progress(p: VLAProgress) -> None:
         metrics.TRAINING_STEPS.labels("sft").inc(p.step - on_progress.last)
@@ -94,5 +94,5 @@ def _previous(settings: Settings) -> tuple[str, Path | None]:
             version = None
     if version is None:
         return "", None
-    manifest = json.loads((settings.artifacts_dir / "manifests" / f"{version}.json").read_text())
-    return version, Path(manifest["checkpoint"])
+    manifest = read_manifest(settings.artifacts_dir, version) or {}
+    return version, Path(manifest["checkpoint"]) if manifest.get("checkpoint") else None

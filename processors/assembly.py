@@ -10,10 +10,9 @@ commits the batch's steps, so a crash in between re-delivers the steps and re-em
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
+from core.object_store import Location
 from lake.queries import scan_table
 from lake.tables import STEPS
 from processors.scoring import EpisodeProgress, score_episode
@@ -21,7 +20,7 @@ from schemas import EpisodeEvent, StepEvent
 
 
 class EpisodeAssembler:
-    def __init__(self, tables_dir: Path, max_open: int = 100_000):
+    def __init__(self, tables_dir: Location, max_open: int = 100_000):
         self.tables_dir = tables_dir
         self.max_open = max_open  # episodes abandoned mid-way by a dead client must not grow memory forever
         self.open: dict[str, EpisodeProgress] = {}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
-from lake.tables import EPISODES, IDENTITY, STEPS, TRAINING_SAMPLES, table_uri
+from core.object_store import Location
+from lake.tables import EPISODES, IDENTITY, STEPS, TRAINING_SAMPLES, scan, table_exists, table_uri
 
 KEYS: dict[str, list[str]] = {
     STEPS: ["event_id"],
@@ -38,13 +39,13 @@ class TableDiff:
         return not (self.missing or self.extra or self.changed or self.live_duplicates or self.rebuilt_duplicates)
 
 
-def read_table(tables_dir: Path, table: str, horizon: dict[int, int] | None = None) -> pl.DataFrame | None:
+def read_table(tables_dir: Location, table: str, horizon: dict[int, int] | None = None) -> pl.DataFrame | None:
     """The table without ingestion-time columns (None before its first commit); with a horizon
     ({partition: end offset}), only rows whose source offset lies below it."""
     uri = table_uri(tables_dir, table)
-    if not (Path(uri) / "_delta_log").is_dir():
+    if not table_exists(uri):
         return None
-    frame = pl.read_delta(uri)
+    frame = scan(uri).collect()
     frame = frame.drop([c for c in frame.columns if c in INGESTION_COLUMNS])
     if horizon is not None:
         below = pl.lit(False)

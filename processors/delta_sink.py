@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +19,16 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from lake.tables import PARTITION_BY, SCHEMAS, TABLE_CONFIGURATION, table_uri
+from core.object_store import Location
+from lake.tables import (
+    PARTITION_BY,
+    SCHEMAS,
+    TABLE_CONFIGURATION,
+    data_file_paths,
+    open_table,
+    storage_options,
+    table_uri,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +64,7 @@ def app_id(sink: str, topic: str, partition: int) -> str:
 class DeltaSink:
     """Appends rows of one table, with their source offsets, in single atomic Delta commits."""
 
-    def __init__(self, tables_dir: Path, table: str, sink: str | None = None):
+    def __init__(self, tables_dir: Location, table: str, sink: str | None = None):
         self.table = table
         self.sink = sink or table
         self.uri = table_uri(tables_dir, table)
@@ -71,7 +78,7 @@ class DeltaSink:
         """The table at its newest version (None before the first commit)."""
         if self._dt is None:
             try:
-                self._dt = DeltaTable(self.uri)
+                self._dt = open_table(self.uri)
             except TableNotFoundError:
                 return None
         else:
@@ -130,6 +137,7 @@ class DeltaSink:
             schema_mode="merge",
             commit_properties=CommitProperties(app_transactions=transactions),
             configuration=TABLE_CONFIGURATION,  # used only when this commit creates the table
+            storage_options=storage_options(self.uri),
         )
         # Writing through the DeltaTable object moves it to exactly our commit's version; a table this call
         # created is opened afresh, and its version then may include others' commits, so it is not claimed.
@@ -151,9 +159,10 @@ class DeltaSink:
         actions = pa.table(self._dt.get_add_actions(flatten=True))
         for column, (low, high) in within.items():
             actions = actions.filter(_may_hold(actions, column, low, high))
-        paths = [str(Path(self.uri) / unquote(path)) for path in actions.column("path").to_pylist()]
+        paths, filesystem = data_file_paths(self.uri, actions.column("path").to_pylist())
         schema = pa.schema([f for f in self.schema if f.name not in (self.partition_by or ())])
-        return pads.dataset(paths, schema=schema, format="parquet").to_table(columns=columns, filter=where)
+        dataset = pads.dataset(paths, schema=schema, format="parquet", filesystem=filesystem)
+        return dataset.to_table(columns=columns, filter=where)
 
     def newest(self, column: str) -> float | None:
         """The largest value of `column` by the files' statistics (None: no rows, or no statistics)."""

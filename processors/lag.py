@@ -130,16 +130,15 @@ class LagExporter(Collector):
 
     def _delta_offset(self, sink: str, topic: str, partition: int) -> int:
         """Last offset the sink recorded in Delta for this partition, -1 if none."""
-        from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        from lake.tables import table_uri
+        from lake.tables import open_table, table_uri
         from processors.delta_sink import app_id
 
         dt = self._tables.get(sink)
         try:
             if dt is None:
-                dt = self._tables[sink] = DeltaTable(table_uri(self.settings.tables_dir, sink))
+                dt = self._tables[sink] = open_table(table_uri(self.settings.tables_dir, sink))
             else:
                 dt.update_incremental()
         except TableNotFoundError:

@@ -39,9 +39,19 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from core.object_store import join
 from core.settings import Settings
 from lake.pins import live_pins
-from lake.tables import EPISODES, STEPS, TABLE_CONFIGURATION, TRAINING_SAMPLES, table_uri
+from lake.tables import (
+    EPISODES,
+    STEPS,
+    TABLE_CONFIGURATION,
+    TRAINING_SAMPLES,
+    open_table,
+    table_exists,
+    table_files,
+    table_uri,
+)
 from registry.store import read_manifests
 
 log = logging.getLogger(__name__)
@@ -121,7 +131,7 @@ class TableStats:
     size_bytes: int
     log_files: int  # JSON commits and checkpoint files in _delta_log
     commits_since_checkpoint: int
-    open_s: float  # DeltaTable(uri) + to_pyarrow_dataset(): what every reader pays first
+    open_s: float  # open_table(uri) + to_pyarrow_dataset(): what every reader pays first
 
 
 @dataclass
@@ -160,19 +170,17 @@ def partitioned_files(dt: DeltaTable) -> list[tuple[tuple, int]]:
 
 
 def last_checkpoint(uri: str) -> int | None:
-    try:
-        return json.loads((Path(uri) / "_delta_log" / "_last_checkpoint").read_text())["version"]
-    except FileNotFoundError:
-        return None
+    pointer = table_files().read(join(uri, "_delta_log", "_last_checkpoint"))
+    return json.loads(pointer)["version"] if pointer is not None else None
 
 
 def log_file_count(uri: str) -> int:
-    return sum(1 for p in (Path(uri) / "_delta_log").iterdir() if p.name.endswith((".json", ".parquet")))
+    return sum(1 for p in table_files().list(join(uri, "_delta_log")) if str(p).endswith((".json", ".parquet")))
 
 
 def table_stats(uri: str) -> TableStats:
     started = time.perf_counter()
-    dt = DeltaTable(uri)
+    dt = open_table(uri)
     dt.to_pyarrow_dataset()
     open_s = time.perf_counter() - started
     files = partitioned_files(dt)
@@ -185,7 +193,7 @@ def unloadable(uri: str, versions: Iterable[int]) -> list[int]:
     lost = []
     for version in versions:
         try:
-            DeltaTable(uri, version=version)
+            open_table(uri, version=version)
         except Exception:  # noqa: BLE001 - delta-rs reports a missing version several ways
             lost.append(version)
     return lost
@@ -208,7 +216,7 @@ def configure(uri: str) -> bool:
     """Give a table made before lake.tables.TABLE_CONFIGURATION existed that configuration, before any commit of
     ours could clean up its log; True when it had to. A metadata change: a sink committing at that very moment
     fails once, and its worker restarts and is redelivered what it had not written (processors.worker.crash)."""
-    dt = DeltaTable(uri)
+    dt = open_table(uri)
     if TABLE_CONFIGURATION.items() <= dt.metadata().configuration.items():
         return False
     log.warning("%s: setting %s (once per table)", uri, TABLE_CONFIGURATION)
@@ -220,10 +228,11 @@ def vacuum(uri: str, keep: list[int], config: MaintenanceConfig) -> list[str]:
     """Delete the removed files no kept version reads; return those deleted. A removal stays in the log for a week
     (delta.deletedFileRetentionDuration) and vacuum lists its file again each time, gone or not: only files still
     there count, and without any the vacuum (two commits) is skipped."""
-    dt = DeltaTable(uri)
+    dt = open_table(uri)
     options = dict(retention_hours=config.min_retention_hours, enforce_retention_duration=False,
                    keep_versions=keep or None)  # fmt: skip
-    present = [path for path in dt.vacuum(dry_run=True, **options) if (Path(uri) / path).exists()]
+    files = table_files()
+    present = [path for path in dt.vacuum(dry_run=True, **options) if files.exists(join(uri, path))]
     if present:
         dt.vacuum(dry_run=False, **options)
     return present
@@ -236,28 +245,28 @@ def maintain_table(uri: str, needed: set[int], config: MaintenanceConfig) -> Tab
     try:
         report.before = table_stats(uri)
         report.configured = _retrying(lambda: configure(uri), config.attempts, f"{name}: configuration")
-        if needs_compaction(partitioned_files(DeltaTable(uri)), config):
+        if needs_compaction(partitioned_files(open_table(uri)), config):
             target = int(config.target_file_mb * MB)
             metrics = _retrying(
-                lambda: DeltaTable(uri).optimize.compact(target_size=target),
+                lambda: open_table(uri).optimize.compact(target_size=target),
                 config.attempts,
                 f"{name}: compaction",
             )
             report.files_compacted, report.files_written = metrics["numFilesRemoved"], metrics["numFilesAdded"]
-        current = DeltaTable(uri).version()
+        current = open_table(uri).version()
         keep = versions_to_keep(needed, current)
         report.kept_versions = keep
         if config.vacuum:
             if lost := unloadable(uri, keep):
                 raise RuntimeError(f"needed versions {lost} of {name} are no longer loadable: vacuum skipped")
             report.vacuumed = _retrying(lambda: vacuum(uri, keep, config), config.attempts, f"{name}: vacuum")
-        dt = DeltaTable(uri)
+        dt = open_table(uri)
         if needs_checkpoint(dt.version(), last_checkpoint(uri), config):
             dt.create_checkpoint()
             report.checkpoint = dt.version()
         if config.cleanup_logs:
             before = log_file_count(uri)
-            DeltaTable(uri, version=cleanup_floor(keep, dt.version())).cleanup_metadata()
+            open_table(uri, version=cleanup_floor(keep, dt.version())).cleanup_metadata()
             report.log_files_removed = before - log_file_count(uri)
     except Exception as error:  # noqa: BLE001 - one table's failure is reported; the sinks never see it
         log.warning("maintenance of %s failed: %r", name, error)
@@ -278,7 +287,7 @@ def maintain_tables(settings: Settings, config: MaintenanceConfig | None = None)
     reports = []
     for table in config.tables:
         uri = table_uri(settings.tables_dir, table)
-        if (Path(uri) / "_delta_log").is_dir():
+        if table_exists(uri):
             reports.append(maintain_table(uri, needed_versions(table, manifests, pins), config))
     return MaintenanceReport(reports, time.perf_counter() - started)
 

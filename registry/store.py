@@ -1,16 +1,24 @@
 """Content-addressed model store: artifacts live at `<artifacts_dir>/sha256/<digest><suffix>` (`.vla` for a
-bundle), with a JSON manifest per version. Torch-free: edge clients use it to verify what they load."""
+bundle), with a JSON manifest per version. Torch-free: edge clients use it to verify what they load.
+
+`artifacts_dir` is a local directory or an s3:// prefix (settings.data_dir on the object store): an artifact there
+is put only if absent (the digest names it: a second writer has the same bytes), and fetched into a local cache
+(`<home>/models/sha256/`) before its digest is checked."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
 import msgspec
 
+from core.object_store import Location, ObjectStoreError, PreconditionFailed, is_remote, join
+from core.settings import get_settings
 from schemas import ModelVersionEvent
 
 
@@ -32,10 +40,15 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def store_artifact(src: Path, artifacts_dir: Path) -> tuple[str, str]:
+def store_artifact(src: Path, artifacts_dir: Location) -> tuple[str, str]:
     """Copy `src` into the store under its own digest; return (uri, sha256)."""
     digest = sha256_of(src)
-    target = artifacts_dir.resolve() / "sha256" / f"{digest}{src.suffix}"
+    if is_remote(artifacts_dir):
+        target = str(join(artifacts_dir, "sha256", f"{digest}{src.suffix}"))
+        with contextlib.suppress(PreconditionFailed):  # already there: the same bytes, by their digest
+            get_settings().files().write(target, src.read_bytes(), if_absent=True)
+        return target, digest
+    target = Path(artifacts_dir).resolve() / "sha256" / f"{digest}{src.suffix}"
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
         tmp = target.with_suffix(".tmp")
@@ -44,26 +57,44 @@ def store_artifact(src: Path, artifacts_dir: Path) -> tuple[str, str]:
     return target.as_uri(), digest
 
 
-def write_manifest(event: ModelVersionEvent, artifacts_dir: Path, extra: dict | None = None) -> Path:
-    path = artifacts_dir / "manifests" / f"{event.version}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+def manifest_location(artifacts_dir: Location, version: str) -> Location:
+    return join(artifacts_dir, "manifests", f"{version}.json")
+
+
+def write_manifest(event: ModelVersionEvent, artifacts_dir: Location, extra: dict | None = None) -> Location:
+    path = manifest_location(artifacts_dir, event.version)
     manifest = {**msgspec.structs.asdict(event), **(extra or {})}  # the event as published, plus training details
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    get_settings().files().write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
     return path
 
 
-def read_manifests(artifacts_dir: Path) -> list[dict]:
+def read_manifest(artifacts_dir: Location, version: str) -> dict | None:
+    """One version's manifest, None when the store has none by that name."""
+    data = get_settings().files().read(manifest_location(artifacts_dir, version))
+    return json.loads(data) if data is not None else None
+
+
+def read_manifests(artifacts_dir: Location) -> list[dict]:
     """Every version's manifest in the store, oldest first (by produced_at)."""
-    found = [json.loads(path.read_text()) for path in (artifacts_dir / "manifests").glob("*.json")]
-    return sorted(found, key=lambda manifest: manifest["produced_at"])
+    files = get_settings().files()
+    found = [json.loads(files.read(path) or b"{}") for path in manifest_locations(artifacts_dir)]
+    return sorted((m for m in found if m), key=lambda manifest: manifest["produced_at"])
+
+
+def manifest_locations(artifacts_dir: Location) -> list[Location]:
+    return [p for p in get_settings().files().list(join(artifacts_dir, "manifests")) if str(p).endswith(".json")]
 
 
 def fetch_verified(uri: str, sha256: str) -> Path:
-    """Local path of the artifact at `uri` after checking its digest; ModelRejected otherwise."""
+    """Local path of the artifact at `uri` after checking its digest; ModelRejected otherwise. An s3:// artifact
+    is downloaded into the local cache first (kept: its name is its digest)."""
     parsed = urlparse(uri)
-    if parsed.scheme not in ("file", ""):
+    if parsed.scheme == "s3":
+        path = _cached(uri, sha256)
+    elif parsed.scheme in ("file", ""):
+        path = Path(parsed.path)
+    else:
         raise ModelRejected(f"unsupported artifact scheme {parsed.scheme!r} in {uri}")
-    path = Path(parsed.path)
     if not path.is_file():
         raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
     actual = sha256_of(path)
@@ -84,15 +115,33 @@ def resolve_model(path_or_version: str, artifacts_dir: Path) -> tuple[Path, str]
         manifest = json.loads((RELEASE_DIR / "manifest.json").read_text())
         artifact = RELEASE_DIR / manifest["artifact"]
         return fetch_verified(artifact.as_uri(), manifest["sha256"]), manifest["version"]
-    manifests = artifacts_dir / "manifests"
+    manifests = join(artifacts_dir, "manifests")
     if path_or_version == "latest":
         found = read_manifests(artifacts_dir)
         if not found:
             raise FileNotFoundError(f"no model versions under {manifests}")
         manifest = found[-1]
     else:
-        manifest_path = manifests / f"{path_or_version}.json"
-        if not manifest_path.is_file():
+        manifest = read_manifest(artifacts_dir, path_or_version)
+        if manifest is None:
             raise FileNotFoundError(f"{path_or_version!r} is neither a model file nor a version in {manifests}")
-        manifest = json.loads(manifest_path.read_text())
     return fetch_verified(manifest["artifact_uri"], manifest["sha256"]), manifest["version"]
+
+
+def _cached(uri: str, sha256: str) -> Path:
+    """The object at `uri` in the local model cache, downloaded unless a file of that digest is there."""
+    settings = get_settings()
+    path = settings.home / "models" / "sha256" / f"{sha256}{Path(uri).suffix}"
+    if path.is_file():
+        return path
+    try:
+        data = settings.files().read(uri)
+    except ObjectStoreError as error:
+        raise ModelRejected(f"artifact {uri} could not be fetched: {error}", permanent=False) from error
+    if data is None:
+        raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # atomic; the digest is checked by the caller, every time
+    return path

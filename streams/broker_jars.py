@@ -4,13 +4,11 @@ from them, the broker or its StorageTool, sized for a small shared machine."""
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from core.processes import file_lock
 from core.settings import Settings
 from streams.broker_files import BrokerError, tail
 
@@ -27,7 +25,7 @@ def ensure_jars(settings: Settings) -> Path:
         return libs
     libs.parent.mkdir(parents=True, exist_ok=True)
     # Several processes (parallel test sessions) may share one jar cache: only one of them runs Maven.
-    with _file_lock(libs.parent / f"{libs.name}.lock"):
+    with file_lock(libs.parent / f"{libs.name}.lock"):
         if not stamp.exists():
             shutil.rmtree(libs, ignore_errors=True)
             _copy_dependencies(settings.kafka_version, libs)
@@ -55,13 +53,6 @@ def java_command(settings: Settings, libs: Path) -> list[str]:
         "-cp",
         f"{libs}/*",
     ]
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 def _copy_dependencies(version: str, libs: Path) -> None:

@@ -11,23 +11,6 @@ from core.settings import Settings
 from streams.broker_files import pid_path, props_path
 
 
-def spawn_detached(cmd: list[str], log_path: Path) -> int:
-    """Start cmd in a new session (no terminal signals reach it), stdout/stderr to log_path; return its pid.
-
-    posix_spawn rather than Popen: no Popen object to warn about a still-running child, yet the broker stays our
-    child while we live, so `down` can reap it (orphans are left to PID 1, which in some containers never does).
-    """
-    if log_path.exists():  # keep the previous run's log, but not every run's
-        log_path.replace(log_path.with_suffix(".log.1"))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    files = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, str(log_path), flags, 0o644),
-        (os.POSIX_SPAWN_DUP2, 1, 2),
-    ]
-    return os.posix_spawn(cmd[0], cmd, os.environ, file_actions=files, setsid=True)
-
-
 def running_pid(settings: Settings, node: int) -> int | None:
     """The pid of the node's broker when it runs, from its pid file; None when it does not."""
     try:

@@ -19,11 +19,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.processes import spawn_detached
 from core.settings import Settings
 from streams.broker_config import refuse_unsupported_security, write_server_properties
 from streams.broker_files import BrokerError, log_path, pid_path, read_log, tail
 from streams.broker_jars import ensure_jars, java_command
-from streams.broker_processes import running_pid, spawn_detached, wait_gone
+from streams.broker_processes import running_pid, wait_gone
 from streams.broker_readiness import answers_api_versions, await_ready
 from streams.broker_storage import ensure_storage
 from streams.topic_admin import ensure_topics, list_topics

@@ -149,7 +149,7 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
     state = run_daemon(settings, config)
     assert [v["stage"] for v in state.versions] == ["sft", "offline_rl", "online_rl"]
     assert state.versions[-1]["fresh_episodes"] >= 16
-    assert DaemonState.load(settings.data_dir / "learner" / "daemon" / "state.json") == state  # resumable
+    assert DaemonState.load(settings.learner_dir / "daemon" / "state.json") == state  # resumable
 
 
 def box_center(seed: int) -> tuple[float, float]:

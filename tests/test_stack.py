@@ -29,7 +29,7 @@ def test_a_stack_stops_its_worker_on_error_and_leaves_the_session_broker_running
             worker = stack.worker
             assert worker.running()
             assert stack.settings.topic_prefix.startswith(f"{kafka_settings.topic_prefix}-stack-")
-            assert stack.settings.data_dir == (tmp_path / "data").resolve()
+            assert stack.settings.data_dir == str((tmp_path / "data").resolve())
             assert stack.env["FLYWHEEL_TOPIC_PREFIX"] == stack.settings.topic_prefix
             assert stack.env["FLYWHEEL_BOOTSTRAP_SERVERS"] == kafka_settings.local_bootstrap  # never their own broker
             raise RuntimeError("mid-run")

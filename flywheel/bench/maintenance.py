@@ -21,13 +21,12 @@ from pathlib import Path
 
 import msgspec
 import polars as pl
-from deltalake import DeltaTable
 
 from core.machine import machine
 from core.settings import Settings
 from flywheel.bench.synthetic import bench_step
 from lake.pins import pinned
-from lake.tables import STEPS, table_uri
+from lake.tables import STEPS, open_table, scan, table_uri
 from processors.delta_sink import DeltaSink, Record
 from processors.maintenance import MaintenanceConfig, format_report, maintain_tables, table_stats
 from processors.rows import step_row
@@ -83,7 +82,7 @@ def median_s(operation: Callable[[], object], repeats: int) -> float:
 def rows_at(uri: str, version: int) -> int | None:
     """Rows of the table at `version`, None when that version no longer reads (its files were vacuumed)."""
     try:
-        return pl.scan_delta(uri, version=version).select(pl.len()).collect().item()
+        return scan(uri, version=version).select(pl.len()).collect().item()
     except (FileNotFoundError, OSError):
         return None
 
@@ -96,9 +95,9 @@ def measure(uri: str, probes: dict[str, int], repeats: int) -> dict:
         "data_mb": round(stats.size_bytes / 2**20, 1),
         "log_files": stats.log_files,
         "commits_since_checkpoint": stats.commits_since_checkpoint,
-        "open_ms": 1000 * median_s(lambda: DeltaTable(uri).to_pyarrow_dataset(), repeats),
-        "polars_count_ms": 1000 * median_s(lambda: pl.scan_delta(uri).select(pl.len()).collect(), repeats),
-        "polars_read_ms": 1000 * median_s(lambda: pl.scan_delta(uri).select("episode_id", "step").collect(), repeats),
+        "open_ms": 1000 * median_s(lambda: open_table(uri).to_pyarrow_dataset(), repeats),
+        "polars_count_ms": 1000 * median_s(lambda: scan(uri).select(pl.len()).collect(), repeats),
+        "polars_read_ms": 1000 * median_s(lambda: scan(uri).select("episode_id", "step").collect(), repeats),
         "rows_at": {label: rows_at(uri, version) for label, version in probes.items()},
     }
 
@@ -106,7 +105,7 @@ def measure(uri: str, probes: dict[str, int], repeats: int) -> dict:
 def run_bench(config: MaintenanceBenchConfig, settings: Settings) -> dict:
     if config.commits < 60:  # the probes read versions down to 50 below the last
         raise ValueError(f"--commits {config.commits}: the benchmark probes versions 50 below the last; use >= 60")
-    settings = settings.model_copy(update={"data_dir": (config.out / "data").resolve()})
+    settings = settings.model_copy(update={"data_dir": str((config.out / "data").resolve())})
     shutil.rmtree(settings.data_dir, ignore_errors=True)
     build_s = build_steps_table(settings, config)
     uri = table_uri(settings.tables_dir, STEPS)

@@ -38,12 +38,13 @@ import pyarrow.parquet as pq
 from kafka import TopicPartition
 
 from core.machine import machine
+from core.object_store import Location
 from core.processes import Child
 from core.settings import Settings
 from core.stats import percentile
 from flywheel.bench.synthetic import bench_step, render_screens
 from flywheel.run.stack import local_stack
-from lake.tables import STEPS, table_uri
+from lake.tables import STEPS, open_table, table_exists, table_uri
 from schemas import encode_event
 from streams.kafka_clients import make_consumer, make_producer
 from streams.topics import topics_for
@@ -112,7 +113,7 @@ def produce_steps(
 # --- when rows became visible: the Delta log ---------------------------------------------------------------------
 
 
-def visible_rows(tables_dir: Path) -> dict[str, list[tuple[float, float]]]:
+def visible_rows(tables_dir: Location) -> dict[str, list[tuple[float, float]]]:
     """event_id -> [(visible_at, produced_at)] for each row of `steps`: visible_at is the mtime of the
     commit file that added the row's data file (the commit is atomic: that is when readers see it)."""
     uri = Path(table_uri(tables_dir, STEPS))
@@ -131,17 +132,16 @@ def visible_rows(tables_dir: Path) -> dict[str, list[tuple[float, float]]]:
     return rows
 
 
-def rows_landed(tables_dir: Path, wanted: set[str]) -> int:
-    from deltalake import DeltaTable
+def rows_landed(tables_dir: Location, wanted: set[str]) -> int:
 
     uri = table_uri(tables_dir, STEPS)
-    if not (Path(uri) / "_delta_log").is_dir():
+    if not table_exists(uri):
         return 0
-    ids = DeltaTable(uri).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
+    ids = open_table(uri).to_pyarrow_table(columns=["event_id"]).column(0).to_pylist()
     return sum(1 for event_id in ids if event_id in wanted)
 
 
-def wait_for_rows(tables_dir: Path, wanted: set[str], consumer: Child, stall_s: float) -> None:
+def wait_for_rows(tables_dir: Location, wanted: set[str], consumer: Child, stall_s: float) -> None:
     """Until every wanted row is in Delta, or nothing new has landed for `stall_s` seconds."""
     last, last_change = -1, time.monotonic()
     while True:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 
+from core.object_store import Location
 from core.settings import Settings
 from lake.queries import episodes_by_version
 from schemas import (
@@ -48,7 +48,7 @@ def decide(canary: LiveSuccess, stable: LiveSuccess, margin: float, min_episodes
     return "rollback", f"{comparison}: worse by more than {margin}"
 
 
-def live_success(tables_dir: Path) -> dict[str, LiveSuccess]:
+def live_success(tables_dir: Location) -> dict[str, LiveSuccess]:
     """Episodes and successes per model_version in the `episodes` table."""
     return {
         row["model_version"]: LiveSuccess(row["episodes"], row["successes"]) for row in episodes_by_version(tables_dir)

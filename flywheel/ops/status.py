@@ -7,8 +7,8 @@ model version) are read directly; live rates and latencies come from Prometheus 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
+from core.object_store import Location
 from core.settings import Settings
 
 
@@ -117,16 +117,16 @@ def _live(url: str) -> dict | None:
     }
 
 
-def _success_table(tables_dir: Path) -> list[str]:
+def _success_table(tables_dir: Location) -> list[str]:
     import polars as pl
 
-    from lake.tables import EPISODES, table_uri
+    from lake.tables import EPISODES, scan, table_exists, table_uri
 
     uri = table_uri(tables_dir, EPISODES)
-    if not (Path(uri) / "_delta_log").is_dir():
+    if not table_exists(uri):
         return ["  no episodes in Delta yet"]
     frame = (
-        pl.scan_delta(uri)
+        scan(uri)
         .group_by("task", "model_version")
         .agg(
             pl.len().alias("n"),

@@ -6,9 +6,8 @@ spans, the learner's published versions, the episodes in Delta).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from core.console import say
+from core.object_store import Location
 from lake.queries import episode_stats
 
 FLEET_PREFIX = "f-"  # the fleet's client ids and episode ids start with it
@@ -41,7 +40,7 @@ def split_cpus(cpus: list[int], learner_share: float) -> tuple[set[int] | None, 
     return set(cpus[-take:]), set(cpus[:-take])
 
 
-def version_entry(published: dict, tables_dir: Path, started_at: float) -> dict:
+def version_entry(published: dict, tables_dir: Location, started_at: float) -> dict:
     """One published version, with the fleet's episodes under it."""
     stats = episode_stats(tables_dir, FLEET_PREFIX, published["model_version"])
     return {

@@ -152,7 +152,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
 def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     """Run the fleet and the learner side by side for config.minutes; returns the report."""
     run_s = 60 * config.minutes
-    state_path = stack.settings.data_dir / "learner" / "daemon" / "state.json"  # learner.daemon.DaemonState
+    state_path = stack.settings.learner_dir / "daemon" / "state.json"  # learner.daemon.DaemonState
     learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
     learner = stack.start("learner", [
         "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from core.object_store import Location
+
 log = logging.getLogger(__name__)
 
 
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 QueryRange = Callable[[str, float, float, float], list[dict]]
 
 
-def write_plots(out: Path, report: dict, tables_dir: Path, query_range: QueryRange | None) -> list[Path]:
+def write_plots(out: Path, report: dict, tables_dir: Location, query_range: QueryRange | None) -> list[Path]:
     """Write the PNGs; a plot that fails is logged, never fails the demo."""
     import matplotlib
 
@@ -39,7 +41,7 @@ def write_plots(out: Path, report: dict, tables_dir: Path, query_range: QueryRan
     return written
 
 
-def _success(path: Path, report: dict, _tables_dir: Path, _query: QueryRange | None) -> None:
+def _success(path: Path, report: dict, _tables_dir: Location, _query: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
 
     turns = report["turns"]
@@ -80,15 +82,15 @@ def _success(path: Path, report: dict, _tables_dir: Path, _query: QueryRange | N
     plt.close(fig)
 
 
-def _versions(path: Path, report: dict, tables_dir: Path, _query: QueryRange | None) -> None:
+def _versions(path: Path, report: dict, tables_dir: Location, _query: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
     import polars as pl
 
-    from lake.tables import EPISODES, table_uri
+    from lake.tables import EPISODES, scan, table_uri
 
     episodes = (
-        pl.scan_delta(table_uri(tables_dir, EPISODES))
+        scan(table_uri(tables_dir, EPISODES))
         .filter(pl.col("client_id").str.starts_with(report["fleet_prefix"]))
         .select("produced_at", "model_version", "success")
         .sort("produced_at")
@@ -128,15 +130,14 @@ def _versions(path: Path, report: dict, tables_dir: Path, _query: QueryRange | N
     plt.close(fig)
 
 
-def _pipeline(path: Path, report: dict, tables_dir: Path, query_range: QueryRange | None) -> None:
+def _pipeline(path: Path, report: dict, tables_dir: Location, query_range: QueryRange | None) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
-    import polars as pl
 
-    from lake.tables import STEPS, table_uri
+    from lake.tables import STEPS, scan, table_uri
 
     obs = report.get("observability") or {}
-    steps = pl.scan_delta(table_uri(tables_dir, STEPS)).select("produced_at", "ingested_at").collect()
+    steps = scan(table_uri(tables_dir, STEPS)).select("produced_at", "ingested_at").collect()
     t0 = obs.get("start") or float(steps["produced_at"].min())
     produced = steps["produced_at"].to_numpy() - t0
     landed = steps["ingested_at"].to_numpy() - t0

@@ -125,7 +125,7 @@ def run_settings(settings: Settings, run: str | None = None, data_dir: Path | No
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         update["topic_prefix"] = f"{settings.topic_prefix}-{run}-{stamp}"
     if data_dir is not None:
-        update["data_dir"] = data_dir.resolve()  # children may run elsewhere; reports store paths relative to it
+        update["data_dir"] = str(data_dir.resolve())  # children may run elsewhere; reports store paths relative to it
     return settings.model_copy(update=update)
 
 
