@@ -129,7 +129,8 @@ def resolve_model(path_or_version: str, artifacts_dir: Path) -> tuple[Path, str]
 
 
 def _cached(uri: str, sha256: str) -> Path:
-    """The object at `uri` in the local model cache, downloaded unless a file of that digest is there."""
+    """The object at `uri` in the local model cache, downloaded unless a file of that digest is there. Only bytes
+    of that digest enter the cache: a tampered object is refused, and fetched again next time."""
     settings = get_settings()
     path = settings.home / "models" / "sha256" / f"{sha256}{Path(uri).suffix}"
     if path.is_file():
@@ -140,8 +141,11 @@ def _cached(uri: str, sha256: str) -> Path:
         raise ModelRejected(f"artifact {uri} could not be fetched: {error}", permanent=False) from error
     if data is None:
         raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise ModelRejected(f"checksum mismatch for {uri}: expected {sha256[:12]}…, got {actual[:12]}…")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
-    tmp.replace(path)  # atomic; the digest is checked by the caller, every time
+    tmp.replace(path)  # atomic: a reader never sees half a model
     return path

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import Settings
+from core.settings import Settings, get_settings
+from flywheel.ops import objectstore
 from flywheel.run.stack import LocalStack, local_stack
 from streams.broker_jars import ensure_jars
 
@@ -88,6 +89,35 @@ def cluster_stack(kafka_cluster: LocalStack, tmp_path: Path) -> Iterator[LocalSt
 def _test_run(settings: Settings, tmp_path: Path) -> Iterator[LocalStack]:
     with local_stack(settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as run:
         yield run
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A real S3Proxy for this session (own home and data, a free port; the jar shared machine-wide), its endpoint
+    and credential in FLYWHEEL_S3_* while the session runs. Yields settings whose data_dir is a fresh s3:// prefix."""
+    home = tmp_path_factory.mktemp("objectstore-home")
+    settings = Settings(home=home, s3_port=_free_ports(1), data_dir=f"s3://flywheel-test/{uuid.uuid4().hex[:8]}")
+    jar = objectstore.ensure_jar(Settings(home=SHARED_HOME, s3proxy_version=settings.s3proxy_version))
+    settings.objectstore_dir.mkdir(parents=True)
+    (settings.objectstore_dir / jar.name).symlink_to(jar)
+    objectstore.up(settings)
+    access, secret = objectstore.local_credential(settings)
+    credential = {"s3_endpoint": settings.local_s3_endpoint, "s3_access_key": access, "s3_secret_key": secret}
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in credential.items():
+                env.setenv(f"FLYWHEEL_{name.upper()}", value)
+            get_settings.cache_clear()
+            yield Settings(home=home, s3_port=settings.s3_port, data_dir=settings.data_dir)
+    finally:
+        get_settings.cache_clear()
+        objectstore.down(settings)
+
+
+@pytest.fixture
+def s3_settings(object_store: Settings) -> Settings:
+    """Settings of one test's own s3:// data dir on the session's object store."""
+    return object_store.model_copy(update={"data_dir": f"s3://flywheel-test/{uuid.uuid4().hex[:12]}"})
 
 
 DEMO_ARGS = ("--turns", "2", "--clients", "1", "--tasks", "click-test,click-button", "--episodes-per-task", "4",

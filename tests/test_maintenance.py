@@ -18,11 +18,12 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from core.object_store import join
 from core.processes import wait_until
 from core.settings import Settings
 from flywheel.bench.maintenance import rows_at
 from lake.pins import live_pins, pinned
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
 from learner.data import load_samples, table_versions
 from processors.delta_sink import DeltaSink, Record, app_id
 from processors.maintenance import (
@@ -111,17 +112,16 @@ def sample_row(event, partition: int, offset: int) -> dict:
 
 
 def publish_lineage(settings: Settings, lineage: dict[str, int], name: str = "sft-0001") -> None:
-    path = settings.artifacts_dir / "manifests" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"version": name, "produced_at": time.time(), "lineage": lineage}))
+    manifest = {"version": name, "produced_at": time.time(), "lineage": lineage}
+    settings.files().write(join(settings.artifacts_dir, "manifests", f"{name}.json"), json.dumps(manifest).encode())
 
 
 def column(uri: str, name: str) -> list:
-    return DeltaTable(uri).to_pyarrow_table(columns=[name]).column(0).to_pylist()
+    return open_table(uri).to_pyarrow_table(columns=[name]).column(0).to_pylist()
 
 
 def offsets(uri: str, topic: str = "t.steps") -> list[int | None]:
-    table = DeltaTable(uri)
+    table = open_table(uri)
     return [table.transaction_version(app_id(os.path.basename(uri), topic, p)) for p in range(PARTITIONS)]
 
 
@@ -129,8 +129,14 @@ def sorted_samples(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort("episode_id", "step")
 
 
-def test_compaction_and_vacuum_keep_every_pinned_version_and_every_offset(tmp_path):
-    settings = Settings(data_dir=tmp_path / "data")
+@pytest.fixture(params=["local", "s3"])
+def data_settings(request, tmp_path) -> Settings:
+    """Settings of a data dir on the local disk, then on the object store (S3Proxy): the same maintenance on both."""
+    return Settings(data_dir=tmp_path / "data") if request.param == "local" else request.getfixturevalue("s3_settings")
+
+
+def test_compaction_and_vacuum_keep_every_pinned_version_and_every_offset(data_settings):
+    settings = data_settings
     write_commits(settings, range(60))
     uri = table_uri(settings.tables_dir, STEPS)
     model_v, learner_v = 19, 39  # a published model's lineage, a running learner's pin
@@ -156,7 +162,7 @@ def test_compaction_and_vacuum_keep_every_pinned_version_and_every_offset(tmp_pa
         assert rows_at(uri, version) == rows_before[version]
     assert rows_at(uri, 50) is None  # unpinned and newer than the pins: vacuumed
     with pytest.raises(FileNotFoundError):
-        pl.scan_delta(uri, version=50).collect()
+        scan(uri, version=50).collect()
     # the learner reads its lineage as before
     assert sorted_samples(load_samples(settings.tables_dir, ("demo",), lineage)).equals(samples_before)
 
@@ -177,7 +183,7 @@ def test_compaction_and_vacuum_keep_every_pinned_version_and_every_offset(tmp_pa
 
 
 def column_of_commit(uri: str, commit: int) -> list[str]:
-    frame = pl.read_delta(uri).filter(pl.col("kafka_offset") == commit)
+    frame = scan(uri).filter(pl.col("kafka_offset") == commit).collect()
     return frame["event_id"].to_list()
 
 
