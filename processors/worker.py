@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import time
+from pathlib import Path
 
 import faust
 import uvloop
@@ -145,7 +146,8 @@ def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     settings = settings or get_settings()
-    settings.tables_dir.mkdir(parents=True, exist_ok=True)
+    if not settings.data_is_remote:
+        Path(settings.tables_dir).mkdir(parents=True, exist_ok=True)
     serve_metrics("flywheel-processors", settings.metrics_host, metrics_port)
     LagExporter(settings).start()  # consumer lag from Delta offsets, kafka_exporter's names
     if settings.maintenance_interval_s > 0:  # its own thread, never a sink's: compaction does not block a commit

@@ -19,6 +19,11 @@ edge clients send them):
 
 Lost (produced and acknowledged, never in Delta) and duplicated (rows beyond one per event_id) are
 counted over both phases. Writes DIR/pipeline_bench.json and prints a table.
+
+With `--data-dir s3://bucket/prefix` a third run, `faust_s3`, is the same worker with its tables on the object store
+(the local S3Proxy, started for it): its events/s against `faust`'s on local disk, side by side. A commit's
+visibility there is its log object's write time, read from S3Proxy's filesystem backend (S3's LastModified has
+whole seconds only).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ import pyarrow.parquet as pq
 from kafka import TopicPartition
 
 from core.machine import machine
-from core.object_store import Location
+from core.object_store import Location, is_remote, split_uri
 from core.processes import Child
 from core.settings import Settings
 from core.stats import percentile
 from flywheel.bench.synthetic import bench_step, render_screens
+from flywheel.ops import objectstore
 from flywheel.run.stack import local_stack
 from lake.tables import STEPS, open_table, table_exists, table_uri
 from schemas import encode_event
@@ -67,6 +73,8 @@ class BenchConfig:
     """One edge client's step rate, for the fleet-size statement."""
     timeout_s: float = 300.0
     """Per phase: give up waiting for rows after this long without progress."""
+    data_dir: str = ""
+    """An s3://bucket/prefix: also run the faust worker with its tables there (`faust_s3`); empty: local only."""
 
 
 @dataclass
@@ -113,10 +121,16 @@ def produce_steps(
 # --- when rows became visible: the Delta log ---------------------------------------------------------------------
 
 
-def visible_rows(tables_dir: Location) -> dict[str, list[tuple[float, float]]]:
+def visible_rows(settings: Settings) -> dict[str, list[tuple[float, float]]]:
     """event_id -> [(visible_at, produced_at)] for each row of `steps`: visible_at is the mtime of the
-    commit file that added the row's data file (the commit is atomic: that is when readers see it)."""
-    uri = Path(table_uri(tables_dir, STEPS))
+    commit file that added the row's data file (the commit is atomic: that is when readers see it). A table on the
+    local S3Proxy is read from its filesystem backend, where an object's file is written when it is put."""
+    uri = Path(table_uri(settings.tables_dir, STEPS))
+    if settings.data_is_remote:
+        if not settings.uses_local_objectstore and settings.s3_endpoint != settings.local_s3_endpoint:
+            raise ValueError("commit times on an external object store are not measured: use the local S3Proxy")
+        bucket, key = split_uri(table_uri(settings.tables_dir, STEPS))
+        uri = objectstore.data_path(settings) / bucket / key
     rows: dict[str, list[tuple[float, float]]] = {}
     for commit in sorted((uri / "_delta_log").glob("*.json")):
         visible_at = commit.stat().st_mtime_ns / 1e9
@@ -228,17 +242,19 @@ def run_bare_consumer(settings: Settings) -> None:
 def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes]) -> dict:
     # Fresh topics and tables per mode; the consumer starts only once the backlog is in.
     data_dir = config.out / "data" / mode
+    if mode == "faust_s3":
+        base = base.model_copy(update={"data_dir": config.data_dir})  # a prefix of the run's own under it
     with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
         settings, tables = stack.settings, stack.settings.tables_dir
         print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
         backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode)
-        consumer = stack.start(f"bench-{mode}", CONSUMER_ARGS[mode])
+        consumer = stack.start(f"bench-{mode}", CONSUMER_ARGS[mode.removesuffix("_s3")])
         print(f"[{mode}] capacity: draining the backlog ({backlog.events_per_s:.0f} steps/s produced)", flush=True)
         wait_for_rows(tables, set(backlog.event_ids), consumer, config.timeout_s)
         print(f"[{mode}] latency: {config.events} steps at {config.rate:.0f} steps/s", flush=True)
         live = produce_steps(settings, screens, config.events, "lat", config.steps_per_episode, config.rate)
         wait_for_rows(tables, set(live.event_ids), consumer, config.timeout_s)
-    rows = visible_rows(tables)  # the consumer has stopped: its last commit is in
+    rows = visible_rows(settings)  # the consumer has stopped: its last commit is in
     capacity, latency = phase_stats(rows, backlog.event_ids), phase_stats(rows, live.event_ids)
     return {
         "events": capacity["events"] + latency["events"],
@@ -259,8 +275,11 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {"machine": machine()}
-    with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for both modes
-        for mode in MODES:
+    modes = MODES + (("faust_s3",) if config.data_dir else ())
+    if config.data_dir and not is_remote(config.data_dir):
+        raise ValueError(f"--data-dir {config.data_dir!r}: give an s3://bucket/prefix (local disk is the baseline)")
+    with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for every mode
+        for mode in modes:
             report[mode] = run_mode(mode, config, stack.settings, screens)
     faust, bare = report["faust"], report["bare_consumer"]
     ratio = faust["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
@@ -276,9 +295,17 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
             "throughput_ratio>=0.5": ratio >= 0.5,
             "faust_e2e_p99_s<=5": faust["e2e_p99_s"] is not None and faust["e2e_p99_s"] <= 5.0,
             "faust_events_per_s>=1000": faust["events_per_s"] >= 1000,
-            "lost==0_and_duplicated==0": all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in MODES),
+            "lost==0_and_duplicated==0": all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in modes),
         },
     }
+    if "faust_s3" in report:
+        on_s3 = report["faust_s3"]
+        s3_ratio = on_s3["events_per_s"] / faust["events_per_s"] if faust["events_per_s"] else 0.0
+        report["summary"]["s3_over_local_throughput"] = round(s3_ratio, 3)
+        report["summary"]["targets"] |= {
+            "s3_over_local_throughput>=0.7": s3_ratio >= 0.7,
+            "faust_s3_e2e_p99_s<=2": on_s3["e2e_p99_s"] is not None and on_s3["e2e_p99_s"] <= 2.0,
+        }
     (config.out / "pipeline_bench.json").write_text(json.dumps(report, indent=2))
     print(format_report(report))
     return report
@@ -305,14 +332,17 @@ def format_report(report: dict) -> str:
         ("lost", "lost"),
         ("duplicated", "duplicated"),
     ]
-    lines = [f"{'':30s} {'faust':>16s} {'bare_consumer':>16s}"]
+    modes = [m for m in (*MODES, "faust_s3") if m in report]
+    lines = [f"{'':30s}" + "".join(f" {m:>16s}" for m in modes)]
     for label, key in rows:
         if key is None:
-            values = [f"{report[m]['offered_rate']:.0f}/{report[m]['achieved_rate']:.0f}" for m in MODES]
+            values = [f"{report[m]['offered_rate']:.0f}/{report[m]['achieved_rate']:.0f}" for m in modes]
         else:
-            values = [cell(report[m][key]) for m in MODES]
-        lines.append(f"{label:30s} {values[0]:>16s} {values[1]:>16s}")
+            values = [cell(report[m][key]) for m in modes]
+        lines.append(f"{label:30s}" + "".join(f" {v:>16s}" for v in values))
     s = report["summary"]
+    if "s3_over_local_throughput" in s:
+        lines.append(f"faust on S3 / on local disk throughput: {s['s3_over_local_throughput']:.2f}")
     lines.append(
         f"faust / bare throughput: {s['faust_over_bare_throughput']:.2f}; fleet supported at "
         f"{s['client_steps_per_s']:g} steps/s per client: {s['fleet_size_supported']} clients"

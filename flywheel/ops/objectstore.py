@@ -19,7 +19,11 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from core.object_store import ObjectStoreError, PreconditionFailed, S3Client, split_uri
 from core.processes import file_lock, spawn_detached, wait_until
@@ -60,6 +64,25 @@ def up(settings: Settings, timeout: float = 60.0) -> int:
     finally:
         client.close()
     return pid
+
+
+@contextmanager
+def running_objectstore(settings: Settings) -> Iterator[Settings]:
+    """`settings` with the object store reachable for the block: the local S3Proxy started (and stopped after, if
+    started here) when the data dir is s3:// and no endpoint is configured, its endpoint and credential filled in so
+    child processes get them; `settings` unchanged otherwise."""
+    if not settings.uses_local_objectstore:
+        yield settings
+        return
+    started_here = running_pid(settings) is None
+    up(settings)
+    access, secret = local_credential(settings)
+    update = {"s3_endpoint": settings.local_s3_endpoint, "s3_access_key": access, "s3_secret_key": SecretStr(secret)}
+    try:
+        yield settings.model_copy(update=update)
+    finally:
+        if started_here:
+            down(settings)
 
 
 def down(settings: Settings, timeout: float = 20.0) -> bool:

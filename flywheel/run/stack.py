@@ -1,5 +1,6 @@
-"""One local stack: a broker with the run's topics, the FLYWHEEL_* environment of the run's child processes, and
-the faust worker. `flywheel demo`, `flywheel demonstrations`, the pipeline bench and the tests each run in one.
+"""One local stack: a broker with the run's topics, the object store when the data dir is on one, the FLYWHEEL_*
+environment of the run's child processes, and the faust worker. `flywheel demo`, `flywheel demonstrations`, the
+pipeline bench and the tests each run in one.
 
 The broker is the external cluster when `bootstrap_servers` is set, else the local one: reused when it already
 runs (a session's, an outer stack's), otherwise started here and stopped on exit. Children (`flywheel <command>`
@@ -16,8 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.object_store import join
 from core.processes import Child
 from core.settings import Settings, settings_env
+from flywheel.ops import objectstore
 from streams import local_broker
 
 
@@ -106,25 +109,29 @@ def local_stack(
     `run` gives the run topics of its own (`<prefix>-<run>-<time>-<random>`), `data_dir` tables and artifacts of
     its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
     """
-    settings = run_settings(settings, run, data_dir)
-    with local_broker.running_broker(settings):
-        stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})})
-        try:
-            if worker:
-                stack.start_worker()
-            yield stack
-        finally:
-            stack.close()
+    with objectstore.running_objectstore(settings) as reachable:
+        settings = run_settings(reachable, run, data_dir)
+        with local_broker.running_broker(settings):
+            stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})})
+            try:
+                if worker:
+                    stack.start_worker()
+                yield stack
+            finally:
+                stack.close()
 
 
 def run_settings(settings: Settings, run: str | None = None, data_dir: Path | None = None) -> Settings:
-    """`settings` with the run's own topic prefix (when `run` is given) and data dir (when given)."""
+    """`settings` with the run's own topic prefix (when `run` is given) and data dir (when given): `data_dir` itself
+    on a local data dir, a prefix of the run's own under it on the object store."""
     update: dict[str, object] = {}
+    # Time for a person reading names, random bits for two runs started in the same second.
+    stamp = f"{run or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     if run:
-        # Time for a person reading topic names, random bits for two runs started in the same second.
-        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        update["topic_prefix"] = f"{settings.topic_prefix}-{run}-{stamp}"
-    if data_dir is not None:
+        update["topic_prefix"] = f"{settings.topic_prefix}-{stamp}"
+    if data_dir is not None and settings.data_is_remote:
+        update["data_dir"] = str(join(settings.data_dir, stamp))
+    elif data_dir is not None:
         update["data_dir"] = str(data_dir.resolve())  # children may run elsewhere; reports store paths relative to it
     return settings.model_copy(update=update)
 
