@@ -116,3 +116,35 @@ def file_lock(path: Path) -> Iterator[None]:
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def supervise(cmd: list[str], name: str, max_backoff_s: float = 30.0, healthy_after_s: float = 60.0) -> int:
+    """Run `cmd` and start it again whenever it exits with an error, as systemd's Restart=on-failure would: after
+    1 s, doubling to `max_backoff_s` while it keeps failing within `healthy_after_s` of its start. SIGTERM/SIGINT
+    are passed on to it and end the loop; returns its last exit code (0 after a clean stop)."""
+    import logging
+
+    log, stopping, backoff = logging.getLogger(__name__), False, 1.0
+    child: subprocess.Popen | None = None
+
+    def stop(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        started = time.monotonic()
+        child = subprocess.Popen(cmd)
+        code = child.wait()
+        if stopping or code == 0:
+            return code
+        backoff = 1.0 if time.monotonic() - started > healthy_after_s else min(max_backoff_s, backoff * 2)
+        log.warning("%s exited with %d; starting it again in %.0f s", name, code, backoff)
+        deadline = time.monotonic() + backoff
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if stopping:
+            return code

@@ -79,10 +79,20 @@ def cmd_objectstore(args: argparse.Namespace) -> int:
 def _process(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0)
     p.add_argument("--loglevel", default="warning")
+    p.add_argument("--no-restart", action="store_true",
+                   help="run the worker in this process; by default a supervisor starts it again after a crash "
+                        "(a batch it could not write, an object store or broker it could not reach)")  # fmt: skip
     p.set_defaults(func=cmd_process)
 
 
 def cmd_process(args: argparse.Namespace) -> int:
+    if not args.no_restart:
+        from core.processes import supervise
+
+        # A crashed worker acked nothing: the next one is redelivered what it had not written (processors.worker).
+        worker = [sys.executable, "-m", "flywheel.cli", "process", "--no-restart",
+                  "--metrics-port", str(args.metrics_port), "--loglevel", args.loglevel]  # fmt: skip
+        return supervise(worker, "faust worker")
     from processors.worker import run_worker
 
     run_worker(get_settings(), metrics_port=args.metrics_port, loglevel=args.loglevel)

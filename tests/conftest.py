@@ -97,9 +97,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     and credential in FLYWHEEL_S3_* while the session runs. Yields settings whose data_dir is a fresh s3:// prefix."""
     home = tmp_path_factory.mktemp("objectstore-home")
     settings = Settings(home=home, s3_port=_free_ports(1), data_dir=f"s3://flywheel-test/{uuid.uuid4().hex[:8]}")
-    jar = objectstore.ensure_jar(Settings(home=SHARED_HOME, s3proxy_version=settings.s3proxy_version))
-    settings.objectstore_dir.mkdir(parents=True)
-    (settings.objectstore_dir / jar.name).symlink_to(jar)
+    link_shared_s3proxy(settings)
     objectstore.up(settings)
     access, secret = objectstore.local_credential(settings)
     credential = {"s3_endpoint": settings.local_s3_endpoint, "s3_access_key": access, "s3_secret_key": secret}
@@ -112,6 +110,19 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     finally:
         get_settings.cache_clear()
         objectstore.down(settings)
+
+
+def link_shared_s3proxy(settings: Settings) -> None:
+    """Make the S3Proxy jar of `settings.home` a link to the machine-wide one, fetching that once if needed."""
+    jar = objectstore.ensure_jar(Settings(home=SHARED_HOME, s3proxy_version=settings.s3proxy_version))
+    settings.objectstore_dir.mkdir(parents=True, exist_ok=True)
+    link = settings.objectstore_dir / jar.name
+    if not link.exists():
+        link.symlink_to(jar)
+
+
+def free_port() -> int:
+    return _free_ports(1)
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ purpose), even when the log holds an event twice, at two offsets (an edge client
 * two workers sharing 4 partitions, one killed with SIGKILL: the other takes over its partitions, and the steps
   the dead one wrote are sent again;
 * malformed events (undecodable bytes, unknown schema version, missing fields, oversize screenshot) go to the
-  dead-letter topic with their original bytes and a reason, the stream goes on, `flywheel dlq` lists them.
+  dead-letter topic with their original bytes and a reason, the stream goes on, `flywheel dlq` lists them;
+* the tables on an object store (S3Proxy) that goes down for 30 s mid-stream: the worker exits on the batch it
+  cannot write, its supervisor starts it again until the store is back, and nothing is lost or duplicated.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from collections import Counter
 
 import msgspec
 import pytest
-from deltalake import DeltaTable
 from kafka import TopicPartition
+from pydantic import SecretStr
 
 from core.processes import Child, wait_until
+from core.settings import get_settings
+from flywheel.ops import objectstore
 from flywheel.ops.dlq import read_dead_letters
-from flywheel.run.stack import LocalStack
+from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import step_count
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, table_uri
 from processors.compare import compare_tables
 from processors.delta_sink import app_id
 from processors.replay import replay
@@ -38,6 +42,7 @@ from schemas import encode_event
 from streams import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer
 from streams.topics import topics_for
+from tests.conftest import free_port, link_shared_s3proxy
 from tests.factories import step_event
 
 pytestmark = pytest.mark.kafka
@@ -60,7 +65,7 @@ class Pipeline:
     def column(self, table: str, column: str) -> list:
         uri = table_uri(self.settings.tables_dir, table)
         try:
-            return DeltaTable(uri).to_pyarrow_table(columns=[column]).column(0).to_pylist()
+            return open_table(uri).to_pyarrow_table(columns=[column]).column(0).to_pylist()
         except Exception:  # not created yet
             return []
 
@@ -88,7 +93,7 @@ class Pipeline:
     def sunk(self, table: str, topic: str, ends: dict[int, int]) -> bool:
         """Whether the table's sink recorded in Delta every offset below `ends`, repeats and dead letters included."""
         try:
-            delta = DeltaTable(table_uri(self.settings.tables_dir, table))
+            delta = open_table(table_uri(self.settings.tables_dir, table))
         except Exception:  # not created yet
             return not any(ends.values())
         recorded = {p: delta.transaction_version(app_id(table, topic, p)) for p in ends}
@@ -143,6 +148,23 @@ def _repeats(values: list) -> list:
 @pytest.fixture
 def pipeline(stack, tmp_path):
     return Pipeline(stack, tmp_path)
+
+
+@pytest.fixture
+def s3_pipeline(kafka_settings, tmp_path, monkeypatch):
+    """A Pipeline whose tables are on an object store its stack starts itself (the data dir s3://, no endpoint
+    given: a local S3Proxy on a free port), its endpoint and credential in FLYWHEEL_* for this process too."""
+    blank = {"s3_endpoint": "", "s3_access_key": "", "s3_secret_key": SecretStr(""), "s3_port": free_port()}
+    settings = kafka_settings.model_copy(update={"data_dir": "s3://flywheel-faults/runs", **blank})
+    link_shared_s3proxy(settings)
+    with local_stack(settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as stack:
+        assert objectstore.status(stack.settings)["running"]  # started by the stack, stopped when it closes
+        for name, value in stack.env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+        yield Pipeline(stack, tmp_path)
+    get_settings.cache_clear()
+    assert not objectstore.status(settings)["running"]
 
 
 def episodes(client: str, count: int, steps: int = 3, first: int = 0) -> list:
@@ -260,6 +282,36 @@ def _group_members(settings, group: str) -> dict[str, set[int]]:
         assigned = (member.get("member_assignment") or {}).get("assigned_partitions", [])
         members[member["member_id"]] = {p for tp in assigned if tp["topic"] == steps_topic for p in tp["partitions"]}
     return members
+
+
+def test_the_object_store_down_for_30_s_mid_stream_loses_and_duplicates_nothing(s3_pipeline):
+    pipeline, settings = s3_pipeline, s3_pipeline.settings
+    assert str(settings.tables_dir).startswith("s3://flywheel-faults/runs/test-")
+    worker = pipeline.start_worker()
+    warmup = episodes("w", 1)
+    produce_now(settings, warmup)
+    wait_until(pipeline.landed([worker], len(warmup), 1), 120, what="the worker writing to the object store")
+    bad = b"\xc1 not msgpack at all"
+    make_producer(settings, "test-faults").send(topics_for(settings).steps.name, key=b"bad", value=bad).get(30)
+
+    producer = Producer(settings, episodes("s", 300), rate=100.0)  # 900 steps over ~9 s
+    producer.start()
+    wait_until(lambda: producer.sent >= 200, 30, interval=0.05, what="the stream under way")
+    objectstore.down(settings)
+    assert producer.sent < 900, "the object store should go down mid-stream"
+    time.sleep(30)
+    objectstore.up(settings)
+    acked = producer.result(120)
+    assert len(acked) == 900
+
+    steps = warmup + acked
+    wait_until(pipeline.landed([worker], len(steps), 301), 240, what="every acknowledged step on the object store")
+    wait_until(pipeline.caught_up([worker]), 120, what="the sinks past every record")
+    pipeline.assert_exactly_once(steps)
+    letters = read_dead_letters(settings)
+    assert [d.value for d in letters] == [bad]  # the one dead letter, not re-sent by a retry
+    # the worker could not write during the outage: it exited, acking nothing, and its supervisor started it again
+    assert worker.running() and "starting it again" in worker.tail(400)
 
 
 def test_two_workers_one_killed_the_other_takes_over(pipeline):
