@@ -16,18 +16,31 @@ from pathlib import Path
 
 
 def pin_process(pid: int, cpus: set[int]) -> None:
-    """Restrict every thread of process `pid` to `cpus`; what they start from now on inherits it. (Linux
-    affinity is per thread: a running process's existing threads are pinned one by one.)"""
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    """Restrict every thread of process `pid`, and of the processes it started, to `cpus`; what they start from now
+    on inherits it. (Linux affinity is per thread: a running process's existing threads are pinned one by one.)"""
+    for tid in _listdir(f"/proc/{pid}/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:
             pass  # the thread ended meanwhile
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            children = []
+        for child in children:
+            pin_process(int(child), cpus)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []  # the process ended meanwhile
 
 
 class Child:
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 cpus: set[int] | None = None):  # fmt: skip
+                 cpus: set[int] | None = None, cwd: Path | None = None):  # fmt: skip
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -37,6 +50,7 @@ class Child:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             start_new_session=True,  # its own process group: a stop reaches chromium/driver children too
         )
         if cpus:

@@ -245,7 +245,7 @@ class Settings(BaseSettings):
 
     @property
     def local_s3_credential_path(self) -> Path:
-        """`access secret` of the local S3Proxy, made at its first start (flywheel.ops.objectstore)."""
+        """`access secret` of the local S3Proxy, made at its first start (lake.objectstore)."""
         return self.objectstore_dir / "credential"
 
     @property

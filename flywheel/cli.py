@@ -63,7 +63,7 @@ def _objectstore(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_objectstore(args: argparse.Namespace) -> int:
-    from flywheel.ops import objectstore
+    from lake import objectstore
 
     settings = get_settings()
     if args.action == "up":

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings, get_settings
-from flywheel.ops import objectstore
 from flywheel.run.stack import LocalStack, local_stack
+from lake import objectstore
 from streams.broker_jars import ensure_jars
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,10 +11,11 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
+from core.object_store import join
 from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
-from lake.tables import EPISODES, STEPS, table_uri
+from lake.tables import EPISODES, STEPS, scan, table_uri
 
 
 def test_idle_time_is_the_window_no_span_covers():
@@ -57,16 +59,27 @@ def test_success_rise_compares_versions_the_fleet_ran_enough():
     assert success_rise(versions[:2]) is None
 
 
-def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kafka_settings, tmp_path):
+def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kafka_settings, s3_settings, tmp_path):
+    """On separate machines, simulated: two workers, the learner and the client each in a working dir and
+    FLYWHEEL_HOME of its own, sharing only Kafka and the object store (S3Proxy) that holds the tables and models."""
     out = tmp_path / "demo"
     args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
-            "--retrain-steps", "5", "--rl-updates-per-retrain", "1"]  # fmt: skip
+            "--retrain-steps", "5", "--rl-updates-per-retrain", "1", "--machines", "--workers", "2"]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
+                            env={**os.environ, "FLYWHEEL_DATA_DIR": s3_settings.data_dir},
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
+    tables = join(report["data_dir"], "tables")
+    assert str(tables).startswith(f"{s3_settings.data_dir}/demo-") and not (out / "data").exists()
+    machines = {p.name for p in (out / "machines").iterdir()}
+    assert {"processors", "processors-1", "learner", "fleet-client0"} <= machines
+    for name in ("processors", "processors-1"):  # both workers consumed: each wrote its faust state at home
+        assert any((out / "machines" / name / "home" / "faust").iterdir())
+    assert (out / "machines" / "learner" / "home" / "learner" / "daemon" / "state.json").exists()
+    assert any((out / "machines" / "fleet-client0" / "home" / "models" / "sha256").iterdir())  # fetched from S3
 
     stages = [v["stage"] for v in report["versions"]]
     # The curriculum, by itself: SFT, then retrains from it on the teacher's labels, each refined by anchored RL.
@@ -87,14 +100,14 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
 
     # The teacher's calls: counted by the clients, on the steps in Delta, and in the dagger versions' lineage.
     teacher = report["cost"]["teacher"]
-    steps = pl.read_delta(table_uri(out / "data" / "tables", STEPS))
+    steps = scan(table_uri(tables, STEPS)).collect()
     labelled = steps.filter(pl.col("teacher_action_type").is_not_null())
     assert teacher["labels"] > 0 and labelled.height == teacher["labels"] + teacher["reused"]
     assert set(labelled["teacher_reason"]) <= {"verify_failed", "uncertain", "failing_task"}
     assert labelled["model_version"].str.starts_with("sft-").any()  # labels on a model's own steps, not an expert's
     assert report["cost"]["env_steps"] == report["steps_published"]
 
-    episodes = pl.read_delta(table_uri(out / "data" / "tables", EPISODES)).filter(pl.col("policy") == "model")
+    episodes = scan(table_uri(tables, EPISODES)).collect().filter(pl.col("policy") == "model")
     groups = episodes.group_by("task", "seed").len()
     assert groups["len"].max() >= 2  # sampled rollouts of one start state: GRPO's groups
     assert episodes["episode_id"].n_unique() == episodes.height

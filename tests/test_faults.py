@@ -30,9 +30,9 @@ from pydantic import SecretStr
 
 from core.processes import Child, wait_until
 from core.settings import get_settings
-from flywheel.ops import objectstore
 from flywheel.ops.dlq import read_dead_letters
 from flywheel.run.stack import LocalStack, local_stack
+from lake import objectstore
 from lake.queries import step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, table_uri
 from processors.compare import compare_tables

@@ -13,7 +13,7 @@ import pytest
 
 from core.object_store import ObjectStoreError, PreconditionFailed, S3Client, S3Config, join, split_uri
 from core.settings import Settings
-from flywheel.ops import objectstore
+from lake import objectstore
 from lake.pins import live_pins, pinned
 from lake.queries import step_count
 from lake.tables import STEPS, open_table, scan, table_exists, table_uri

@@ -48,8 +48,8 @@ from core.processes import Child
 from core.settings import Settings
 from core.stats import percentile
 from flywheel.bench.synthetic import bench_step, render_screens
-from flywheel.ops import objectstore
 from flywheel.run.stack import local_stack
+from lake import objectstore
 from lake.tables import STEPS, open_table, table_exists, table_uri
 from schemas import encode_event
 from streams.kafka_clients import make_consumer, make_producer

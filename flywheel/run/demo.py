@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.console import jsonable, say
@@ -36,6 +36,7 @@ from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.plots import write_plots
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import episode_stats
+from registry.store import resolve_model
 
 
 @dataclass
@@ -100,6 +101,12 @@ class DemoConfig:
     """Continuous, supervised: optimizer steps of each retrain from the SFT model."""
     rl_updates_per_retrain: int = 0
     """Continuous, supervised: anchored PPO updates after each retrain (0: none)."""
+    workers: int = 1
+    """Faust workers, one consumer group: each takes a share of the topics' partitions."""
+    machines: bool = False
+    """Run every process (each worker, the learner, each edge client) as on a machine of its own: its own
+    FLYWHEEL_HOME and working dir under OUT/machines/, sharing only Kafka and the object store (the data dir must
+    be s3://...). The learner's public key is provisioned to every machine, as a deployment would."""
     learner_cpu_share: float = 0.5
     """Continuous: share of this machine's CPUs the learner gets to itself (the fleet, its browsers and the
     worker share the rest; 0: no pinning). Unpinned on 2 cores, 400 SFT steps took 23 min beside the fleet
@@ -107,6 +114,10 @@ class DemoConfig:
 
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:
+    if config.machines and not settings.data_is_remote:
+        raise ValueError("--machines: the machines share no directory, so the tables and models must be on an "
+                         "object store: set FLYWHEEL_DATA_DIR=s3://bucket/prefix")  # fmt: skip
+    config = replace(config, out=config.out.resolve())  # children may run in working dirs of their own
     config.out.mkdir(parents=True, exist_ok=True)
     logs = config.out / "logs"
     report: dict = {"turns": [], "config": jsonable(config.__dict__)}
@@ -114,9 +125,19 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     with (
         demo_observability(config.out, config.prometheus, config.prometheus_port) as obs,
         # Its own topics and tables, so runs never read each other's events or models.
-        local_stack(settings, logs, run="demo", data_dir=config.out / "data", env=obs.env) as stack,
+        local_stack(
+            settings,
+            logs,
+            run="demo",
+            data_dir=config.out / "data",
+            env=obs.env,
+            machines=config.out / "machines" if config.machines else None,
+        ) as stack,  # fmt: skip
     ):
         settings = stack.settings
+        report["data_dir"] = str(settings.data_dir)
+        for _ in range(config.workers - 1):
+            stack.start_worker()
         say(f"data under {settings.data_dir}, logs under {logs.resolve()}")
         say(f"kafka ready at {settings.bootstrap}")
         if obs.url:
@@ -152,7 +173,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
 def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     """Run the fleet and the learner side by side for config.minutes; returns the report."""
     run_s = 60 * config.minutes
-    state_path = stack.settings.learner_dir / "daemon" / "state.json"  # learner.daemon.DaemonState
+    state_path = stack.settings_of("learner").learner_dir / "daemon" / "state.json"  # learner.daemon.DaemonState
     learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
     learner = stack.start("learner", [
         "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
@@ -191,8 +212,11 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
     greedy = None  # the policy the fleet would deploy, greedy: sampled success can rise by sharpening alone
     if len(published) >= 2 and config.greedy_episodes > 0:
-        greedy = compare_versions(published[0], published[-1], tuple(config.tasks), config.greedy_episodes,
-                                  config.clients)  # fmt: skip
+        # The bundles as the fleet receives them: from the model store, digest-checked (on a machine of its own,
+        # the learner's working files are not this process's to read).
+        first, last = ({**v, "bundle": str(resolve_model(v["model_version"], stack.settings.artifacts_dir)[0])}
+                       for v in (published[0], published[-1]))  # fmt: skip
+        greedy = compare_versions(first, last, tuple(config.tasks), config.greedy_episodes, config.clients)
     return {
         "mode": "continuous",
         "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/teacher.md, reproducibility)

@@ -20,7 +20,8 @@ from pathlib import Path
 from core.object_store import join
 from core.processes import Child
 from core.settings import Settings, settings_env
-from flywheel.ops import objectstore
+from lake import objectstore
+from registry.signing import load_or_create_key, trust
 from streams import local_broker
 
 
@@ -36,6 +37,19 @@ class LocalStack:
     children: list[Child] = field(default_factory=list, repr=False)
     broker_stopped: bool = False
     nodes_stopped: set[int] = field(default_factory=set)
+    machines: Path | None = None
+    """Set: every child runs as on a machine of its own, in machines/<name>/ with its own FLYWHEEL_HOME there,
+    sharing only Kafka and the object store (and the learner's public key, provisioned to each as a deployment
+    would); None: all share this process's home and working dir."""
+
+    def machine_home(self, name: str) -> Path | None:
+        """The FLYWHEEL_HOME of child `name` when machines are simulated."""
+        return self.machines / name / "home" if self.machines is not None else None
+
+    def settings_of(self, name: str) -> Settings:
+        """The settings child `name` runs with (its own home on its own machine)."""
+        home = self.machine_home(name)
+        return self.settings if home is None else self.settings.model_copy(update={"home": home})
 
     @property
     def worker(self) -> Child:
@@ -47,8 +61,14 @@ class LocalStack:
     def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
               cpus: set[int] | None = None) -> Child:  # fmt: skip
         """`flywheel <args>` with the run's settings (and `env` on top), on `cpus` (None: any), stopped when the
-        stack closes."""
-        child = Child(name, list(args), self.logs, {**self.env, **(env or {})}, cpus)
+        stack closes; on a machine of its own when machines are simulated."""
+        home, machine_env = self.machine_home(name), {}
+        if home is not None:
+            (home / "keys" / "trusted").mkdir(parents=True, exist_ok=True)
+            trust(self._learner_key().public_key(), home / "keys" / "trusted")  # provisioned, as a deployment does
+            machine_env = {"FLYWHEEL_HOME": str(home)}
+        cwd = home.parent if home is not None else None
+        child = Child(name, list(args), self.logs, {**self.env, **machine_env, **(env or {})}, cpus, cwd)
         self.children.append(child)
         return child
 
@@ -57,6 +77,11 @@ class LocalStack:
         name = f"processors-{len(self.workers)}" if self.workers else "processors"
         self.workers.append(self.start(name, ["process", *args], env))
         return self.worker
+
+    def _learner_key(self):
+        """The signing key on the learner's machine (made there before it starts), whose public half every
+        machine trusts."""
+        return load_or_create_key(self.settings_of("learner").keys_dir)
 
     def stop_broker(self) -> None:
         """Take the local broker down (fault tests); its data stays. Brought back on close if not before."""
@@ -103,16 +128,18 @@ def local_stack(
     data_dir: Path | None = None,
     worker: bool = True,
     env: Mapping[str, str] | None = None,
+    machines: Path | None = None,
 ) -> Iterator[LocalStack]:
     """A broker with topics for the run, its worker (unless `worker=False`), everything stopped on exit.
 
     `run` gives the run topics of its own (`<prefix>-<run>-<time>-<random>`), `data_dir` tables and artifacts of
     its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
+    `machines`: each child as on a machine of its own (LocalStack.machines).
     """
     with objectstore.running_objectstore(settings) as reachable:
         settings = run_settings(reachable, run, data_dir)
         with local_broker.running_broker(settings):
-            stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})})
+            stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})}, machines=machines)
             try:
                 if worker:
                     stack.start_worker()
