@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner import distributed
 from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
 from learner.dataset import VLADataset
@@ -128,32 +129,39 @@ def train_offline_rl(
     for step in range(run.start_step, end):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train)
-        idx = rng.integers(0, len(data), size=train.batch_size)
+        # Every process draws the same global batch and trains on its rows (learner.distributed).
+        idx = distributed.local_rows(rng.integers(0, len(data), size=train.batch_size))
         batch = data.batch(idx)
         masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
         logp, _, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), _, (B, T), (B, N)
         targets = torch.where(teach[idx], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
-        total = awr_loss(logp, weights[idx], mask) + train.relevance_weight * target_patch_nll(relevance, targets)
-        if pairs:
-            chosen = [pairs[j] for j in rng.choice(len(pairs), size=min(rl.dpo_pairs, len(pairs)), replace=False)]
+        # Means over this process's tokens, rows and pairs, weighted into the global batch's (learner.distributed).
+        share = distributed.share
+        total = awr_loss(logp, weights[idx], mask) * share(mask.sum())
+        total = total + train.relevance_weight * target_patch_nll(relevance, targets) * share((targets >= 0).sum())
+        if pairs:  # DPO on this process's share of the drawn pairs (a process with none adds no term)
+            drawn = rng.choice(len(pairs), size=min(rl.dpo_pairs, len(pairs)), replace=False)
+            chosen = [pairs[j] for j in distributed.local_rows(drawn)]
             rows, segments = [], []
             for p, (win, lose) in enumerate(chosen):  # segment 2p: the success, 2p + 1: the failure
                 for side, episode in ((0, win), (1, lose)):
                     steps = rows_of[episode][: rl.dpo_max_steps]
                     rows += steps
                     segments += [2 * p + side] * len(steps)
-            segments = np.array(segments)
-            policy_lp = trajectory_logprobs(model, data, rows, segments, keep)  # (2P,)
-            with torch.no_grad():
-                ref_lp = trajectory_logprobs(reference, data, rows, segments, keep)
-            total = total + rl.dpo_weight * dpo_loss(policy_lp[0::2], policy_lp[1::2], ref_lp[0::2], ref_lp[1::2],
-                                                     rl.dpo_beta)  # fmt: skip
+            pair_share = share(len(chosen))  # every process takes part, with pairs or without
+            if rows:
+                policy_lp = trajectory_logprobs(model, data, rows, np.array(segments), keep)  # (2P,)
+                with torch.no_grad():
+                    ref_lp = trajectory_logprobs(reference, data, rows, np.array(segments), keep)
+                total = total + rl.dpo_weight * pair_share * dpo_loss(policy_lp[0::2], policy_lp[1::2], ref_lp[0::2],
+                                                                      ref_lp[1::2], rl.dpo_beta)  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         total.backward()
+        distributed.average_gradients(run.trainable)
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         optimizer.step()
-        losses.append(total.item())
+        losses.append(distributed.mean_over_processes(total.item()))
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0:
             run.save(done)

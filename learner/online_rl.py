@@ -45,6 +45,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from learner import distributed
 from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
 from learner.dataset import VLADataset
@@ -228,38 +229,46 @@ def ppo_update(
         if stopped_early:
             break
         rows_per_step = rl.minibatch_rows or train.batch_size
-        for chunk in np.array_split(rng.permutation(informative), max(1, len(informative) // rows_per_step)):
+        for minibatch in np.array_split(rng.permutation(informative), max(1, len(informative) // rows_per_step)):
+            chunk = distributed.local_rows(minibatch)  # this process's rows of the minibatch (learner.distributed)
             batch = data.batch(chunk)
             masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
             logp, logp_all, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)
             mu = behaviour_logprobs(rollouts, batch["labels"], chunk)  # (B, T)
             old_logp = on_labels(old, batch["labels"], chunk)  # (B, T)
             acted = mask * action_positions(batch["labels"], tok.act_id)  # (B, T) the surrogate's tokens
-            if rl.target_kl and approx_kl(logp.detach(), old_logp, acted) > 1.5 * rl.target_kl:
+            kl = distributed.mean_over_processes(approx_kl(logp.detach(), old_logp, acted)) if rl.target_kl else 0.0
+            if rl.target_kl and kl > 1.5 * rl.target_kl:  # decided alike on every process
                 stopped_early = True  # this minibatch's policy is already too far from pi_old: no step on it
                 break
-            total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], acted, rl.clip, rl.ratio_cap)
+            # Each term a mean over this process's tokens or rows, weighted into the global minibatch's
+            # (distributed.share: 1 in one process).
+            share = distributed.share
+            total = ppo_clip_loss(logp, old_logp, mu, advantages[chunk], acted, rl.clip, rl.ratio_cap) * share(
+                acted.sum()
+            )
             targets = torch.where(teach[chunk], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
-            total = total + train.relevance_weight * target_patch_nll(relevance, targets)
+            total = total + train.relevance_weight * target_patch_nll(relevance, targets) * share((targets >= 0).sum())
             with torch.no_grad():
                 _, ref_logp_all, _, _ = token_logprobs(reference, batch, masks, keep)
             thought = mask - acted  # (B, T) the thought's tokens and <act>
             if rl.thought_kl > 0:
-                total = total + rl.thought_kl * kl_to_reference(logp_all, ref_logp_all, thought)
+                total = total + rl.thought_kl * kl_to_reference(logp_all, ref_logp_all, thought) * share(thought.sum())
             if rl.guidance == "refkl" and beta > 0:
-                total = total + beta * kl_to_reference(logp_all, ref_logp_all, mask)
+                total = total + beta * kl_to_reference(logp_all, ref_logp_all, mask) * share(mask.sum())
             elif rl.guidance in ("databc", "anchor") and (weight := beta if rl.guidance == "databc" else rl.bc_weight):
-                demo_batch = demo_data.batch(demo_data.sample(rng, rl.demo_batch_size))
+                demo_batch = demo_data.batch(distributed.local_rows(demo_data.sample(rng, rl.demo_batch_size)))
                 demo_masks = grammar_masks(tok, demo_batch["labels"], model.cfg.max_thought_tokens)
                 demo_logp, _, demo_mask, _ = token_logprobs(model, demo_batch, demo_masks, keep)
-                total = total + weight * databc_loss(demo_logp, demo_mask)
+                total = total + weight * databc_loss(demo_logp, demo_mask) * share(demo_mask.sum())
             stats.add(logp, old_logp, logp_all, ref_logp_all, acted, thought)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
+            distributed.average_gradients(run.trainable)
             if train.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
             optimizer.step()
-            losses.append(total.item())
+            losses.append(distributed.mean_over_processes(total.item()))
             step += 1
     result = run.finish(step, losses)
     groups = rollouts.select("task", "seed").n_unique() if {"task", "seed"} <= set(rollouts.columns) else None

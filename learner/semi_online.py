@@ -214,6 +214,7 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     refilled until `config.trajectories` groups are informative or every trajectory was tried once; their
     advantages; one PPO update with a constant small KL to the SFT reference. Returns (VLAResult, {"rollout_steps",
     "matched", "trained_steps", "groups_tried", "groups_informative", "cursor"})."""
+    from learner import distributed
     from learner.checkpoints import CHECKPOINT_NAME, load_vla
     from learner.online_rl import OnlineRLConfig, ppo_update
     from learner.vla_export import export_bundle
@@ -222,7 +223,11 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     out = Path(out_dir)
     current = out / "ppo" / CHECKPOINT_NAME
     model, tok, pruning = load_vla(current if current.exists() else start_checkpoint)
-    runtime = VLARuntime(export_bundle(model, tok, pruning, out / "rollouts.vla"))
+    bundle = out / "rollouts.vla"
+    if distributed.is_main():  # under torchrun one process writes it; every process samples the same rollouts
+        export_bundle(model, tok, pruning, bundle)
+    distributed.barrier()
+    runtime = VLARuntime(bundle)
     episodes = interleaved(expert)
     batches, informative, tried = [], 0, 0
     while informative < config.trajectories and tried < len(episodes):
