@@ -123,6 +123,32 @@ def spawn_detached(cmd: list[str], log_path: Path) -> int:
     return os.posix_spawn(cmd[0], cmd, os.environ, file_actions=files, setsid=True)
 
 
+def service_pid(pid_file: Path, *markers: bytes) -> int | None:
+    """The pid in `pid_file` when that process still runs the detached service named by `markers`, else None."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if runs_service(pid, *markers) else None
+
+
+def runs_service(pid: int, *markers: bytes) -> bool:
+    """True while `pid` runs a service whose command line holds every one of `markers`; a reused pid, or a service
+    that died and stays an unreaped zombie (some container inits never reap orphans), does not count."""
+    try:
+        # Our own child (spawned here): waitpid is authoritative, and reaps it once it exits. /proc is not, right
+        # after the spawn: the new program's cmdline shows up only part-way through exec.
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    except ChildProcessError:
+        pass  # started by another process
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and all(marker in cmdline for marker in markers)
+
+
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created) for the block: one of several processes sharing a cache does

@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from core.object_store import ObjectStoreError, PreconditionFailed, S3Client, split_uri
-from core.processes import file_lock, spawn_detached, wait_until
+from core.processes import file_lock, runs_service, service_pid, spawn_detached, wait_until
 from core.settings import Settings
 
 
@@ -194,28 +194,16 @@ def log_path(settings: Settings) -> Path:
 
 
 def running_pid(settings: Settings) -> int | None:
-    try:
-        pid = int(pid_path(settings).read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    return pid if is_s3proxy(settings, pid) else None
+    return service_pid(pid_path(settings), *_markers(settings))
 
 
 def is_s3proxy(settings: Settings, pid: int) -> bool:
     """True while `pid` runs this home's S3Proxy (not a reused pid, not an unreaped zombie)."""
-    try:
-        # Our own child (up() ran here): waitpid is authoritative, and reaps it once it exits. /proc is not, right
-        # after the spawn: the new program's cmdline shows up only part-way through exec.
-        return os.waitpid(pid, os.WNOHANG)[0] == 0
-    except ChildProcessError:
-        pass  # started by another process
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    props = str(settings.objectstore_dir / "s3proxy.properties").encode()
-    return state != "Z" and b"s3proxy" in cmdline and props in cmdline
+    return runs_service(pid, *_markers(settings))
+
+
+def _markers(settings: Settings) -> tuple[bytes, bytes]:
+    return b"s3proxy", str(settings.objectstore_dir / "s3proxy.properties").encode()
 
 
 def _answers(settings: Settings) -> bool:
