@@ -34,7 +34,8 @@ def up(settings: Settings, timeout: float = 60.0) -> int:
     """Start the local S3Proxy unless it runs, wait until it answers, create the data dir's bucket, probe its
     conditional puts. Returns its pid. ObjectStoreError (with the log's tail) when it cannot."""
     pid = running_pid(settings)
-    if pid is None:
+    started_here = pid is None
+    if started_here:
         jar = ensure_jar(settings)
         props = write_properties(settings)
         if _port_busy(settings.s3_port):
@@ -49,18 +50,19 @@ def up(settings: Settings, timeout: float = 60.0) -> int:
                "-XX:+ExitOnOutOfMemoryError", "-jar", str(jar), "--properties", str(props)]  # fmt: skip
         pid = spawn_detached(cmd, log_path(settings))
         pid_path(settings).write_text(f"{pid}\n")
-        try:
+    client = S3Client(settings.s3_config)
+    try:
+        if started_here:
             wait_until(lambda: _answers(settings) or not is_s3proxy(settings, pid), timeout, 0.2, "S3Proxy to answer")
             if not is_s3proxy(settings, pid):
                 raise ObjectStoreError(f"S3Proxy exited at start; {log_path(settings)} ends with:\n{_tail(settings)}")
-        except (TimeoutError, ObjectStoreError):
-            down(settings)
-            raise
-    client = S3Client(settings.s3_config)
-    try:
         if settings.data_is_remote:
             client.create_bucket(split_uri(str(settings.data_dir))[0])
         probe_conditional_put(client, "flywheel-probe")
+    except (TimeoutError, ObjectStoreError):
+        if started_here:
+            down(settings)  # nothing half-started, or unsafe, is left running
+        raise
     finally:
         client.close()
     return pid

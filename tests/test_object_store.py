@@ -29,6 +29,7 @@ from registry.store import (
     write_manifest,
 )
 from schemas import ModelVersionEvent, new_event_id
+from tests.conftest import free_port, link_shared_s3proxy
 from tests.factories import step_event
 
 
@@ -67,6 +68,17 @@ def test_the_probe_passes_here_and_requests_are_signed(s3_settings: Settings):
     with pytest.raises(ObjectStoreError, match="403"):
         S3Client(wrong).get(str(join(s3_settings.data_dir, "anything")))
     assert objectstore.status(s3_settings)["running"]
+
+
+def test_an_s3proxy_that_ignores_if_none_match_is_refused(tmp_path):
+    """S3Proxy 2.6.0 (Maven Central) overwrites on a second If-None-Match: * PUT: `up` refuses it, naming why, and
+    stops what it started."""
+    settings = Settings(home=tmp_path / "home", s3_port=free_port(), s3proxy_version="2.6.0", s3_endpoint="",
+                        s3_access_key="", s3_secret_key="")  # its own, not the session's store  # fmt: skip
+    link_shared_s3proxy(settings)
+    with pytest.raises(ObjectStoreError, match="If-None-Match"):
+        objectstore.up(settings)
+    assert not objectstore.status(settings)["running"]
 
 
 APPENDER = """
