@@ -76,9 +76,12 @@ def test_an_s3proxy_that_ignores_if_none_match_is_refused(tmp_path):
     settings = Settings(home=tmp_path / "home", s3_port=free_port(), s3proxy_version="2.6.0", s3_endpoint="",
                         s3_access_key="", s3_secret_key="")  # its own, not the session's store  # fmt: skip
     link_shared_s3proxy(settings)
-    with pytest.raises(ObjectStoreError, match="If-None-Match"):
-        objectstore.up(settings)
-    assert not objectstore.status(settings)["running"]
+    try:
+        with pytest.raises(ObjectStoreError, match="If-None-Match"):
+            objectstore.up(settings)
+        assert not objectstore.status(settings)["running"]
+    finally:
+        objectstore.down(settings)  # whatever happened above, no server outlives the test
 
 
 APPENDER = """
