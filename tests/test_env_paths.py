@@ -19,7 +19,7 @@ from registry.store import RELEASE_DIR
 
 pytestmark = pytest.mark.browser
 
-SEEDS_PER_TASK = {**dict.fromkeys(TIER1_TASKS, 9), **dict.fromkeys(TIER2_TASKS, 9)}  # 24 x 9 = 216 pairs
+SEEDS_PER_TASK = {**dict.fromkeys(TIER1_TASKS, 6), **dict.fromkeys(TIER2_TASKS, 6)}  # 23 x 6 = 138 pairs (stock)
 FIRST_SEED = 7_000  # away from training (small) and evaluation (1,000,000+) seeds
 
 
@@ -55,7 +55,7 @@ def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path()
             stock += outcomes(env, expert_for, [task])
     with GuiEnv(tasks[0], EnvConfig(path="fast")) as env:
         fast = outcomes(env, expert_for, tasks)
-    assert len(fast) == len(stock) >= 200
+    assert len(fast) == len(stock) >= 130
 
     # Rewards, not actions: an expert may click a moving target at other pixels with the same result. A loaded
     # machine can still change a stock outcome, so an episode that disagrees is replayed on stock up to twice;
