@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
@@ -54,7 +54,7 @@ class S3Config:
 
     endpoint: str
     access_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)  # never in a log line or a traceback's repr
     region: str = "us-east-1"
 
     def delta_options(self) -> dict[str, str]:

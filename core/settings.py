@@ -250,9 +250,10 @@ class Settings(BaseSettings):
 
     @property
     def s3_config(self) -> S3Config:
-        """Endpoint and credential of the object store: the configured ones, else the local S3Proxy's."""
+        """Endpoint and credential of the object store: the configured ones, else (no endpoint set) the local
+        S3Proxy's, whatever AWS_* variables the environment holds for other stores."""
         access, secret = self.s3_access_key, self.s3_secret_key.get_secret_value()
-        if not (access and secret):
+        if not (self.s3_endpoint and access and secret):
             try:
                 access, secret = self.local_s3_credential_path.read_text().split()
             except FileNotFoundError:
