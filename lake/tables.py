@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -9,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from core.object_store import Files, Location, is_remote, join
+from core.object_store import Files, Location, S3Config, is_remote, join
 
 STEPS = "steps"  # bronze: every valid step event, append-only, partitioned by date
 EPISODES = "episodes"  # silver: one scored row per episode
@@ -155,20 +156,19 @@ def data_file_paths(uri: str, log_paths: list[str]):
     paths = [f"{uri.rstrip('/')}/{unquote(p)}" for p in log_paths]
     if not is_remote(uri):
         return paths, None
-    from pyarrow import fs
-
     from core.settings import get_settings
 
-    store = get_settings().s3_config
+    return [p.removeprefix("s3://") for p in paths], arrow_s3(get_settings().s3_config)
+
+
+@functools.lru_cache(maxsize=4)
+def arrow_s3(store: S3Config):
+    """pyarrow's S3FileSystem on the store, one per process (path-style: virtual addressing is off by default)."""
+    from pyarrow import fs
+
     scheme, host = store.endpoint.split("://", 1)
-    s3 = fs.S3FileSystem(
-        access_key=store.access_key,
-        secret_key=store.secret_key,
-        region=store.region,
-        endpoint_override=host,
-        scheme=scheme,
-    )  # path-style: virtual addressing is off by default
-    return [p.removeprefix("s3://") for p in paths], s3
+    return fs.S3FileSystem(access_key=store.access_key, secret_key=store.secret_key, region=store.region,
+                           endpoint_override=host, scheme=scheme)  # fmt: skip
 
 
 def table_exists(uri: str) -> bool:
