@@ -255,7 +255,7 @@ class Settings(BaseSettings):
         access, secret = self.s3_access_key, self.s3_secret_key.get_secret_value()
         if not (self.s3_endpoint and access and secret):
             try:
-                access, secret = self.local_s3_credential_path.read_text().split()
+                access, secret = _local_credential(self.local_s3_credential_path)
             except FileNotFoundError:
                 raise ObjectStoreError(
                     "no object store credential: set FLYWHEEL_S3_ACCESS_KEY and FLYWHEEL_S3_SECRET_KEY (or AWS_*), "
@@ -275,6 +275,14 @@ class Settings(BaseSettings):
     def uses_local_objectstore(self) -> bool:
         """An s3:// data directory with no endpoint configured: the project's own S3Proxy serves it."""
         return self.data_is_remote and not self.s3_endpoint
+
+
+@lru_cache(maxsize=4)
+def _local_credential(path: Path) -> tuple[str, str]:
+    """The local S3Proxy's `access secret`, read once per process: written once at its first start, then every
+    table operation of a process without a configured credential asks for it. (A missing file is not cached.)"""
+    access, secret = path.read_text().split()
+    return access, secret
 
 
 @lru_cache(maxsize=1)
