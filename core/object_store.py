@@ -8,6 +8,7 @@ addressing on the configured endpoint (S3Proxy, MinIO, ... and AWS itself).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -23,6 +24,10 @@ Location = Path | str  # a local directory, or an s3://bucket/prefix URI
 
 class ObjectStoreError(RuntimeError):
     """A request the object store refused or could not answer; the message names the request and the answer."""
+
+
+class TooLarge(ObjectStoreError):
+    """A file over the bound its reader set: refused before it is read whole."""
 
 
 class PreconditionFailed(ObjectStoreError):
@@ -98,14 +103,25 @@ class S3Client:
             raise PreconditionFailed(f"{uri} already exists")
         self._check(response, "PUT", uri)
 
-    def get(self, uri: str) -> bytes | None:
-        """The object's bytes, None when there is none."""
+    def get(self, uri: str, max_bytes: int | None = None) -> bytes | None:
+        """The object's bytes, None when there is none; TooLarge, before more than `max_bytes` are read, for a
+        larger one."""
         bucket, key = split_uri(uri)
-        response = self._request("GET", bucket, key)
-        if response.status_code == 404:
-            return None
-        self._check(response, "GET", uri)
-        return response.content
+        with self._request("GET", bucket, key, stream=True) as response:
+            if response.status_code == 404:
+                return None
+            if response.status_code >= 300:
+                response.read()
+                self._check(response, "GET", uri)
+            declared = int(response.headers.get("content-length", 0))
+            if max_bytes is not None and declared > max_bytes:
+                raise TooLarge(f"GET {uri}: {declared} bytes, over the bound of {max_bytes}")
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if max_bytes is not None and len(data) > max_bytes:
+                    raise TooLarge(f"GET {uri}: over the bound of {max_bytes} bytes")
+            return bytes(data)
 
     def exists(self, uri: str) -> bool:
         bucket, key = split_uri(uri)
@@ -144,10 +160,15 @@ class S3Client:
             raise ObjectStoreError(f"{method} {uri}: HTTP {response.status_code} {response.text[:300]}")
 
     def _request(self, method: str, bucket: str, key: str, body: bytes = b"", headers: dict | None = None,
-                 query: dict | None = None):  # fmt: skip
+                 query: dict | None = None, stream: bool = False):  # fmt: skip
+        """The response; with `stream`, a context manager over it whose body is read as it arrives."""
         path = "/" + quote(bucket) + ("/" + quote(key, safe="/~") if key else "")
         signed = sign_v4(self.config, method, self._http.base_url.netloc.decode(), path, query or {}, body)
-        return self._http.request(method, path, params=query, content=body, headers={**(headers or {}), **signed})
+        request = self._http.build_request(method, path, params=query, content=body,
+                                           headers={**(headers or {}), **signed})  # fmt: skip
+        if stream:
+            return contextlib.closing(self._http.send(request, stream=True))
+        return self._http.send(request)
 
 
 @functools.lru_cache(maxsize=8)
@@ -189,12 +210,16 @@ class Files:
     def _s3(self) -> S3Client:
         return shared_client(self._config())
 
-    def read(self, location: Location) -> bytes | None:
-        """The file's bytes, None when there is none."""
+    def read(self, location: Location, max_bytes: int | None = None) -> bytes | None:
+        """The file's bytes, None when there is none; TooLarge for one over `max_bytes`."""
         if is_remote(location):
-            return self._s3().get(str(location))
+            return self._s3().get(str(location), max_bytes)
         try:
-            return Path(location).read_bytes()
+            with open(location, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if max_bytes is not None and size > max_bytes:
+                    raise TooLarge(f"{location}: {size} bytes, over the bound of {max_bytes}")
+                return handle.read()
         except FileNotFoundError:
             return None
 

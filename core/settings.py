@@ -138,6 +138,12 @@ class Settings(BaseSettings):
     canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
     canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
+    max_model_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="A model artifact (and its inflated members) over this many bytes is "
+        "refused before it is read whole: a bundle is a few MB.",
+    )
     maintenance_interval_s: float = Field(
         0.0, ge=0.0, description="Seconds between the worker's Delta maintenance passes (0: off; `flywheel maintain`)."
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from policy.bundle import WEIGHTS, read_bundle
+from policy.bundle import WEIGHTS, BundleError, read_bundle
 from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
 from policy.interface import Decision, Observation, Policy
 from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
@@ -48,7 +48,19 @@ class VLARuntime:
     """
 
     def __init__(self, path: str | Path, intra_op_threads: int = 1, keep_ratio: float | None = None):
+        """BundleError, naming the file and the failure, for anything that does not load and take one step:
+        a bundle comes over the network, and a client must keep its old model rather than crash on a new one."""
         meta, members = read_bundle(path)
+        try:
+            self._build(meta, members, intra_op_threads, keep_ratio)
+            # A graph that loads may still not run, or run on weights that are not numbers.
+            generation, _ = self.step(np.zeros((210, 160, 3), np.uint8), "click", None)
+        except Exception as error:  # onnxruntime's errors derive from Exception only; any failure here refuses it
+            raise BundleError(f"{path}: does not run: {type(error).__name__}: {error}") from error
+        if not np.isfinite(generation.token_logprobs).all():
+            raise BundleError(f"{path}: its first step's log-probabilities are not finite (damaged weights?)")
+
+    def _build(self, meta: dict, members: dict[str, bytes], intra_op_threads: int, keep_ratio: float | None) -> None:
         self.config: dict = meta["model_config"]
         self.quantized = bool(meta.get("quantized"))
         pruning = PruningConfig(**meta["pruning"])

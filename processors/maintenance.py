@@ -283,7 +283,8 @@ def maintain_tables(settings: Settings, config: MaintenanceConfig | None = None)
     """One maintenance pass over the tables of `settings` that exist."""
     config = config or MaintenanceConfig()
     started = time.perf_counter()
-    manifests, pins = read_manifests(settings.artifacts_dir), live_pins(settings.pins_dir)
+    # Strict: a manifest it cannot read may pin versions; the pass fails (and says why) rather than vacuum them.
+    manifests, pins = read_manifests(settings.artifacts_dir, skip_unreadable=False), live_pins(settings.pins_dir)
     reports = []
     for table in config.tables:
         uri = table_uri(settings.tables_dir, table)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -17,9 +18,11 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from core.object_store import Location, ObjectStoreError, PreconditionFailed, is_remote, join
+from core.object_store import Location, ObjectStoreError, PreconditionFailed, TooLarge, is_remote, join
 from core.settings import get_settings
 from schemas import ModelVersionEvent
+
+log = logging.getLogger(__name__)
 
 
 class ModelRejected(Exception):
@@ -68,17 +71,47 @@ def write_manifest(event: ModelVersionEvent, artifacts_dir: Location, extra: dic
     return path
 
 
+MANIFEST_FIELDS = ("version", "artifact_uri", "sha256", "produced_at")  # what readers of a manifest rely on
+MAX_MANIFEST_BYTES = 1024 * 1024
+
+
 def read_manifest(artifacts_dir: Location, version: str) -> dict | None:
-    """One version's manifest, None when the store has none by that name."""
-    data = get_settings().files().read(manifest_location(artifacts_dir, version))
-    return json.loads(data) if data is not None else None
+    """One version's manifest, None when the store has none by that name; ValueError naming the file for one that
+    is not a manifest (truncated, altered, oversized)."""
+    location = manifest_location(artifacts_dir, version)
+    try:
+        data = get_settings().files().read(location, max_bytes=MAX_MANIFEST_BYTES)
+    except TooLarge as error:
+        raise ValueError(f"manifest {location}: {error}") from error
+    return None if data is None else parse_manifest(data, location)
 
 
-def read_manifests(artifacts_dir: Location) -> list[dict]:
-    """Every version's manifest in the store, oldest first (by produced_at)."""
-    files = get_settings().files()
-    found = [json.loads(files.read(path) or b"{}") for path in manifest_locations(artifacts_dir)]
-    return sorted((m for m in found if m), key=lambda manifest: manifest["produced_at"])
+def parse_manifest(data: bytes, location: Location) -> dict:
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"manifest {location} is not JSON: {error}") from error
+    if not isinstance(manifest, dict):
+        raise ValueError(f"manifest {location} is not a JSON object")
+    wrong = [name for name in MANIFEST_FIELDS if not isinstance(manifest.get(name), str | float | int)]
+    if wrong:
+        raise ValueError(f"manifest {location} lacks {', '.join(wrong)}")
+    return manifest
+
+
+def read_manifests(artifacts_dir: Location, skip_unreadable: bool = True) -> list[dict]:
+    """Every version's manifest in the store, oldest first (by produced_at). An unreadable one is logged and
+    skipped, so one bad file hides one version, not the store; `skip_unreadable=False` raises instead, for a
+    caller that must not act on a partial view (maintenance deleting what a version's lineage pins)."""
+    found = []
+    for location in manifest_locations(artifacts_dir):
+        try:
+            found.append(read_manifest(artifacts_dir, Path(str(location)).stem))
+        except ValueError as error:
+            if not skip_unreadable:
+                raise
+            log.error("skipping %s", error)
+    return sorted((m for m in found if m), key=lambda manifest: float(manifest["produced_at"]))
 
 
 def manifest_locations(artifacts_dir: Location) -> list[Location]:
@@ -97,6 +130,8 @@ def fetch_verified(uri: str, sha256: str) -> Path:
         raise ModelRejected(f"unsupported artifact scheme {parsed.scheme!r} in {uri}")
     if not path.is_file():
         raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
+    if path.stat().st_size > get_settings().max_model_bytes:
+        raise ModelRejected(f"artifact {uri}: {path.stat().st_size} bytes, over settings.max_model_bytes")
     actual = sha256_of(path)
     if actual != sha256:
         raise ModelRejected(f"checksum mismatch for {uri}: expected {sha256[:12]}…, got {actual[:12]}…")
@@ -136,7 +171,9 @@ def _cached(uri: str, sha256: str) -> Path:
     if path.is_file():
         return path
     try:
-        data = settings.files().read(uri)
+        data = settings.files().read(uri, max_bytes=settings.max_model_bytes)
+    except TooLarge as error:
+        raise ModelRejected(f"artifact {uri} refused: {error}") from error
     except ObjectStoreError as error:
         raise ModelRejected(f"artifact {uri} could not be fetched: {error}", permanent=False) from error
     if data is None:
