@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.object_store import Files, Location, ObjectStoreError, S3Config, is_remote, join
@@ -43,6 +43,7 @@ TIER2_TASKS: tuple[str, ...] = (
     "search-engine",
     "email-inbox",
 )
+VERSION = r"^[0-9]+(\.[0-9]+){1,3}$"  # a release number, e.g. 4.1.1 (it becomes a Maven coordinate)
 SUITE_TASKS: tuple[str, ...] = TIER1_TASKS + TIER2_TASKS  # docs/tasks.md: the only tasks we train on
 TASK_ALIASES: dict[str, tuple[str, ...]] = {"tier1": TIER1_TASKS, "tier2": TIER2_TASKS, "suite": SUITE_TASKS}
 
@@ -71,13 +72,22 @@ class Settings(BaseSettings):
         "", description="External Kafka to use; empty means the local broker started by `flywheel kafka up`."
     )
     kafka_port: int = Field(
-        19092, description="Client port of local node 1; node k listens on kafka_port + 2(k-1), its controller on +1."
+        19092,
+        ge=1,
+        le=65000,
+        description="Client port of local node 1; node k listens on kafka_port + 2(k-1), its controller on +1.",
     )
     kafka_nodes: int = Field(
         1, ge=1, description="Nodes of the local cluster, each broker+controller; 3 or more: replication 3, min ISR 2."
     )
-    kafka_version: str = Field("4.1.1", description="Apache Kafka release resolved from Maven Central.")
-    kafka_heap: str = Field("384m", description="Broker JVM heap: small on purpose, the box has 2 cores and is shared.")
+    kafka_version: str = Field(
+        "4.1.1", pattern=VERSION, description="Apache Kafka release resolved from Maven Central."
+    )
+    kafka_heap: str = Field(
+        "384m",
+        pattern=r"^[1-9][0-9]*[kmgKMG]$",
+        description="Broker JVM heap: small on purpose, the box has 2 cores and is shared.",
+    )
     data_dir: str = Field(
         "flywheel-data",
         description="Root of the Delta tables and the artifact store: a local directory, or s3://bucket/prefix on "
@@ -86,7 +96,7 @@ class Settings(BaseSettings):
     s3_endpoint: str = Field(
         "", description="S3-compatible endpoint (http://host:port) of an s3:// data_dir; empty: the local S3Proxy."
     )
-    s3_port: int = Field(19400, description="Port of the local S3Proxy (loopback only).")
+    s3_port: int = Field(19400, ge=1, le=65535, description="Port of the local S3Proxy (loopback only).")
     s3_access_key: str = Field(
         "", validation_alias=AliasChoices("FLYWHEEL_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID"),
         description="Access key; empty: the local S3Proxy's, made at its first start.",
@@ -95,16 +105,25 @@ class Settings(BaseSettings):
         SecretStr(""), validation_alias=AliasChoices("FLYWHEEL_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
         description="Secret key; never printed. Empty: the local S3Proxy's, made at its first start.",
     )  # fmt: skip
-    s3_region: str = Field("us-east-1", validation_alias=AliasChoices("FLYWHEEL_S3_REGION", "AWS_REGION"),
-                           description="Region the requests are signed for.")  # fmt: skip
-    s3proxy_version: str = Field("4.1.0", description="S3Proxy release resolved from Maven Central (4.x: real "
-                                 "If-None-Match on PUT, which concurrent Delta commits rely on).")  # fmt: skip
-    topic_partitions: int = Field(4, description="Partitions of the steps and episodes topics.")
-    topic_retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Retention of the event topics (-1: forever).")
-    topic_prefix: str = Field(
-        "flywheel", description="Prefix of every topic name, so several flywheels can share a cluster."
+    s3_region: str = Field(
+        "us-east-1", min_length=1, validation_alias=AliasChoices("FLYWHEEL_S3_REGION", "AWS_REGION"),
+        description="Region the requests are signed for.",
+    )  # fmt: skip
+    s3proxy_version: str = Field(
+        "4.1.0", pattern=VERSION,
+        description="S3Proxy release resolved from Maven Central (4.x: real If-None-Match on PUT, which concurrent "
+        "Delta commits rely on).",
+    )  # fmt: skip
+    topic_partitions: int = Field(4, ge=1, le=10_000, description="Partitions of the steps and episodes topics.")
+    topic_retention_ms: int = Field(
+        7 * 24 * 3600 * 1000, ge=-1, description="Retention of the event topics (-1: forever)."
     )
-    max_screenshot_bytes: int = Field(512 * 1024, description="A step with a larger screenshot is dead-lettered.")
+    topic_prefix: str = Field(
+        "flywheel",
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="Prefix of every topic name, so several flywheels can share a cluster.",
+    )
+    max_screenshot_bytes: int = Field(512 * 1024, gt=0, description="A step with a larger screenshot is dead-lettered.")
     dedup_window_s: float = Field(
         3600.0,
         gt=0.0,
@@ -130,13 +149,17 @@ class Settings(BaseSettings):
     ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of ssl_certfile; optional.")
 
     edge_spool_max_bytes: int = Field(
-        256 * 1024 * 1024, description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged."
+        256 * 1024 * 1024,
+        gt=0,
+        description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged.",
     )
     canary_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of the fleet that runs new versions first (0: no canary stage)."
     )
-    canary_min_episodes: int = Field(20, description="Live episodes on each side before a canary verdict.")
-    canary_margin: float = Field(0.05, description="Promote unless canary success < stable success - margin.")
+    canary_min_episodes: int = Field(20, ge=1, description="Live episodes on each side before a canary verdict.")
+    canary_margin: float = Field(
+        0.05, ge=0.0, le=1.0, description="Promote unless canary success < stable success - margin."
+    )
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
     max_model_bytes: int = Field(
         512 * 1024 * 1024,
@@ -152,6 +175,22 @@ class Settings(BaseSettings):
     @classmethod
     def _location_as_text(cls, value: object) -> object:
         return str(value) if isinstance(value, Path) else value  # a local Path given in code
+
+    @field_validator("data_dir")
+    @classmethod
+    def _location_names_a_place(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must name a directory or an s3://bucket/prefix")
+        if "://" in value and not (value.startswith("s3://") and value[len("s3://") :].split("/")[0]):
+            raise ValueError("a URI must be s3://bucket[/prefix]")
+        return value
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _endpoint_is_http(cls, value: str) -> str:
+        if value and not (value.startswith(("http://", "https://")) and len(value.split("://", 1)[1]) > 0):
+            raise ValueError("must be http(s)://host:port, or empty for the local S3Proxy")
+        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _sasl_needs_credentials(self) -> Settings:
@@ -294,6 +333,26 @@ def _local_credential(path: Path) -> tuple[str, str]:
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def describe_settings_error(error: ValidationError) -> str:
+    """One line per wrong setting, naming the environment variable that holds it (never its value: it may be a
+    secret), e.g. 'FLYWHEEL_KAFKA_PORT: Input should be less than or equal to 65000'."""
+    prefix, lines = Settings.model_config["env_prefix"], []
+    aliased = {
+        alias: aliases.choices
+        for field in Settings.model_fields.values()
+        if (aliases := field.validation_alias) is not None
+        for alias in aliases.choices
+    }  # a field read under aliases is reported by the alias: name them all
+    for item in error.errors():
+        name = str(item["loc"][0]) if item["loc"] else ""
+        if name in aliased:
+            variable = " or ".join(aliased[name])
+        else:
+            variable = f"{prefix}{name.upper()}" if name else "settings"
+        lines.append(f"{variable}: {item['msg']}")
+    return "\n".join(lines)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -10,8 +10,11 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+from pydantic import ValidationError
+
 from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values
-from core.settings import TASK_ALIASES, get_settings, parse_tasks
+from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
 
@@ -487,7 +490,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )
-    return args.func(args)
+    try:
+        settings = get_settings()  # read the environment once, up front: a wrong setting is a usage error
+    except ValidationError as error:
+        print(f"flywheel: invalid settings\n{describe_settings_error(error)}", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except (KafkaConnectionError, KafkaTimeoutError) as error:
+        print(f"flywheel: no Kafka broker answers at {settings.bootstrap} ({error}); start the local one with "
+              "`flywheel kafka up`, or set FLYWHEEL_BOOTSTRAP_SERVERS", file=sys.stderr)  # fmt: skip
+        return 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -263,3 +264,77 @@ def test_help_runs_for_every_command(commands):
         assert code == 0 and text.startswith(f"usage: flywheel {name}".rstrip()), f"flywheel {name} --help: {text}"
     out, err = edge.communicate(timeout=300)
     assert edge.returncode == 0 and out.strip().endswith("[]"), out[-500:] + err[-2000:]
+
+
+# --- every door fuzzed (issue 33): the settings and the flags -----------------------------------------------------
+
+SECRET = "pw-4f9a7c1e-not-for-logs"
+JUNK = ["", " ", "-1", "0", "nan", "1e309", "x" * 300, SECRET, "s3://", "http://", "é\u202e", "[1]", '{"a": 1}', "-",
+        "none"]  # fmt: skip
+# Values a setting must refuse, by field: each would break something later and far from its cause.
+REFUSED = {
+    "kafka_port": ["0", "70000", "x"], "kafka_nodes": ["0", "-2"], "s3_port": ["0", "65536"],
+    "kafka_heap": ["lots", "384", "0m"], "kafka_version": ["latest", "4"], "s3proxy_version": ["../4.1.0"],
+    "data_dir": ["", " ", "http://host/x", "s3://", "s3:///prefix"], "s3_endpoint": ["localhost:9000", "ftp://x"],
+    "s3_region": [""], "topic_partitions": ["0"], "topic_retention_ms": ["-2"], "topic_prefix": ["a b", "a/b", ""],
+    "max_screenshot_bytes": ["0"], "edge_spool_max_bytes": ["-1"], "canary_fraction": ["1.5", "-0.1"],
+    "canary_min_episodes": ["0"], "canary_margin": ["2"], "dedup_window_s": ["0"], "max_model_bytes": ["0"],
+    "security_protocol": ["TLS", "plaintext "], "sasl_mechanism": ["SCRAM"], "require_signed_models": ["maybe"],
+}  # fmt: skip
+
+
+def setting_variable(name: str) -> str:
+    from core.settings import Settings
+
+    aliases = getattr(Settings.model_fields[name].validation_alias, "choices", None)
+    return aliases[0] if aliases else f"FLYWHEEL_{name.upper()}"
+
+
+def test_every_setting_takes_junk_as_a_value_or_a_refusal_naming_its_variable(monkeypatch):
+    """Each field's environment variable set to each junk value: Settings() is built, or fails with an error that
+    names that variable and does not echo the value (it may be a secret). Never another exception."""
+    from pydantic import ValidationError
+
+    from core.settings import Settings, describe_settings_error
+
+    for name in Settings.model_fields:
+        variable = setting_variable(name)
+        for value in JUNK + REFUSED.get(name, []):
+            with monkeypatch.context() as env:
+                env.setenv(variable, value)
+                try:
+                    Settings()
+                except ValidationError as error:
+                    message = describe_settings_error(error)
+                    assert message.startswith(variable), (variable, value, message)
+                    assert SECRET not in message and "x" * 300 not in message, f"{variable}: it echoes the value"
+                else:
+                    assert value not in REFUSED.get(name, []), f"{variable}={value!r} was accepted"
+
+
+def test_a_wrong_setting_is_a_usage_error_of_the_cli_not_a_traceback():
+    for variable, value in [("FLYWHEEL_KAFKA_PORT", "port"), ("FLYWHEEL_DATA_DIR", "http://x/y")]:
+        result = subprocess.run([sys.executable, "-m", "flywheel.cli", "dlq"], capture_output=True, text=True,
+                                env={**os.environ, variable: value}, timeout=120)  # fmt: skip
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert variable in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_flag_of_every_command_takes_junk_as_a_value_or_a_usage_error(commands, capsys):
+    """argparse turns only ValueError/TypeError/ArgumentTypeError of a flag's type into a usage error: a derived
+    flag's parser (tuples, Literals, task lists, 'none') must raise nothing else."""
+    from flywheel.cli import build_parser
+
+    parser = build_parser()
+    for command in commands:
+        for action in commands[command]._actions:
+            if not action.option_strings or action.nargs == 0 or action.dest == "help":
+                continue
+            flag = action.option_strings[0]
+            for value in JUNK:
+                try:
+                    parser.parse_args([*command.split(), flag, value])
+                except SystemExit as exit:
+                    assert exit.code == 2, (command, flag, value)
+                    error = capsys.readouterr().err
+                    assert "error:" in error and "Traceback" not in error, (command, flag, value, error[-500:])
