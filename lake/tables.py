@@ -182,5 +182,53 @@ def open_table(uri: str, version: int | None = None) -> DeltaTable:
     return DeltaTable(uri, version=version, storage_options=storage_options(uri))
 
 
-def scan(uri: str, version: int | None = None) -> pl.LazyFrame:
-    return pl.scan_delta(uri, version=version, storage_options=storage_options(uri))
+def scan(uri: str, version: int | None = None, columns: list[str] | None = None) -> pl.LazyFrame:
+    """The table (at `version`, else its newest) as a LazyFrame; with `columns`, only those, after checking that the
+    table holds each as SCHEMAS defines it: SchemaMismatch, naming the table and each column, for a table whose
+    schema was changed under its reader (a column dropped, retyped), before anything reads a wrong value."""
+    frame = pl.scan_delta(uri, version=version, storage_options=storage_options(uri))
+    if columns is None:
+        return frame
+    check_columns(uri, version, frame.collect_schema(), columns)
+    return frame.select(columns)
+
+
+class SchemaMismatch(ValueError):
+    """A table no longer holds a column as the project defines it: it was changed by something other than the
+    flywheel's writers. Not retried: someone must restore or migrate the table."""
+
+
+@functools.cache
+def expected_types(table: str) -> dict[str, pl.DataType]:
+    """The polars types of SCHEMAS[table], what a reader of that table relies on."""
+    return dict(pl.from_arrow(SCHEMAS[table].empty_table()).schema)
+
+
+def check_columns(uri: str, version: int | None, found: pl.Schema | dict, columns: list[str]) -> None:
+    """Raise SchemaMismatch unless `found` (a table's schema) holds each of `columns` with its SCHEMAS type (a
+    wider integer or float is fine: Delta's type widening). Columns it has beyond those are none of our business."""
+    expected, problems = expected_types(uri.rstrip("/").rsplit("/", 1)[-1]), []
+    for column in columns:
+        have, want = found.get(column), expected.get(column)
+        if have is None:
+            problems.append(f"{column} is missing")
+        elif want is not None and have != want and not _widened(want, have):
+            problems.append(f"{column} is {have}, the flywheel writes {want}")
+    if problems:
+        at = "its newest version" if version is None else f"version {version}"
+        raise SchemaMismatch(f"table {uri} ({at}) was changed outside the flywheel: {'; '.join(problems)}")
+
+
+def check_writable(uri: str, table: DeltaTable) -> None:
+    """SchemaMismatch unless a writer's rows (SCHEMAS) fit the table as it is: its merge would otherwise cast them
+    into a retyped column silently. A column the table lacks is fine: the writer's schema merge adds it back."""
+    found = dict(pl.from_arrow(pa.schema(table.schema().to_arrow()).empty_table()).schema)
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    check_columns(uri, table.version(), found, [c for c in SCHEMAS[name].names if c in found])
+
+
+def _widened(want: pl.DataType, have: pl.DataType) -> bool:
+    """`have` holds every value of `want`: a signed integer or a float of at least as many bits."""
+    bits = {pl.Int8: 8, pl.Int16: 16, pl.Int32: 32, pl.Int64: 64, pl.Float32: 32, pl.Float64: 64}
+    same_kind = want.is_integer() == have.is_integer() and want.is_float() == have.is_float()
+    return same_kind and bits.get(type(have), 0) >= bits.get(type(want), 65)

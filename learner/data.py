@@ -30,12 +30,10 @@ def load_samples(
     `versions` pins the table versions read (time travel), so a training run is reproducible.
     """
     versions = versions or table_versions(tables_dir)
-    samples = (
-        scan(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
-        .filter(pl.col("purpose").is_in(list(purposes)))
-        .select("episode_id", "step", "purpose", "weight")
-    )
-    steps = scan(table_uri(tables_dir, STEPS), version=versions[STEPS]).select(SFT_COLUMNS)
+    samples = scan(
+        table_uri(tables_dir, TRAINING_SAMPLES), versions[TRAINING_SAMPLES], ["episode_id", "step", "purpose", "weight"]
+    ).filter(pl.col("purpose").is_in(list(purposes)))
+    steps = scan(table_uri(tables_dir, STEPS), versions[STEPS], SFT_COLUMNS)
     return samples.join(steps, on=["episode_id", "step"], how="inner").collect()
 
 
@@ -47,17 +45,19 @@ def load_rollouts(
     fleet's fresh rollouts for online RL). `versions` pins steps and training_samples as in load_samples;
     `episodes` is read at its newest version, which holds every episode those samples name."""
     versions = versions or table_versions(tables_dir)
+    columns = ["episode_id", "step", "purpose", "weight", "score", "produced_at"]
     samples = (
-        scan(table_uri(tables_dir, TRAINING_SAMPLES), version=versions[TRAINING_SAMPLES])
+        scan(table_uri(tables_dir, TRAINING_SAMPLES), versions[TRAINING_SAMPLES], columns)
         .filter(pl.col("purpose").is_in(list(purposes)) & (pl.col("produced_at") > since))
-        .select("episode_id", "step", "purpose", "weight", "score")
+        .drop("produced_at")
     )
-    steps = scan(table_uri(tables_dir, STEPS), version=versions[STEPS])
-    have = steps.collect_schema().names()
+    steps_uri = table_uri(tables_dir, STEPS)
+    have = scan(steps_uri, versions[STEPS]).collect_schema().names()
     # Tables written before the edge recorded its tokens have no such columns: their steps have none.
     missing = [pl.lit(None, dtype=ROLLOUT_TYPES[c]).alias(c) for c in ROLLOUT_COLUMNS if c not in have]
-    steps = steps.select([c for c in SFT_COLUMNS + ROLLOUT_COLUMNS if c in have]).with_columns(missing)
-    episodes = scan(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
+    present = SFT_COLUMNS + [c for c in ROLLOUT_COLUMNS if c in have]
+    steps = scan(steps_uri, versions[STEPS], present).with_columns(missing)
+    episodes = scan(table_uri(tables_dir, EPISODES), columns=["episode_id", "success"])
     return (
         samples.join(steps, on=["episode_id", "step"], how="inner")
         .join(episodes, on="episode_id", how="inner")

@@ -24,6 +24,7 @@ from lake.tables import (
     PARTITION_BY,
     SCHEMAS,
     TABLE_CONFIGURATION,
+    check_writable,
     data_file_paths,
     open_table,
     storage_options,
@@ -73,6 +74,7 @@ class DeltaSink:
         self._dt: DeltaTable | None = None
         self.written_version: int | None = None  # the table version of this sink's last commit
         self.committed: dict[tuple[str, int], int] = {}  # offsets in the table, as `not_yet_written` last read them
+        self._checked_version: int | None = None  # the table version whose schema check_writable last passed
 
     def _table(self) -> DeltaTable | None:
         """The table at its newest version (None before the first commit)."""
@@ -83,6 +85,9 @@ class DeltaSink:
                 return None
         else:
             self._dt.update_incremental()
+        if self._dt.version() != self._checked_version:
+            check_writable(self.uri, self._dt)  # a table retyped by someone else: refuse, naming the columns
+            self._checked_version = self._dt.version()
         return self._dt
 
     def refresh(self) -> None:

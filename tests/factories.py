@@ -7,7 +7,12 @@ import time
 import msgspec
 import numpy as np
 
-from schemas import Action, StepEvent, Verify, new_event_id
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
+from policy.screen import encode_png
+from processors.curation import Curated
+from processors.delta_sink import DeltaSink, Record
+from processors.rows import episode_row, sample_rows, step_row
+from schemas import Action, EpisodeEvent, StepEvent, Verify, new_event_id
 
 
 def step_event(
@@ -114,3 +119,36 @@ def two_box_screen(seed: int) -> tuple[np.ndarray, list[tuple[int, int, int, int
         image[y : y + 30, x : x + 30] = colour
         boxes.append((x, y, x + 30, y + 30))
     return image, boxes
+
+
+class TablesLog:
+    """Writes one-step episodes into the run's Delta tables as the pipeline would (its rows, its sinks)."""
+
+    def __init__(self, tables_dir):
+        self.sinks = {t: DeltaSink(tables_dir, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}
+        self.offset = 0
+
+    def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=(),
+                teacher: Action | None = None):  # fmt: skip
+        image, _ = box_screen(seed)
+        now = time.time()
+        step = StepEvent(event_id=f"s-{name}", client_id="c0", produced_at=now, episode_id=name, step=0,
+                         task="click-box", instruction="Click the box.", screenshot=encode_png(image),
+                         thought="Click the box.", action=action, model_version=version, verify=Verify(),
+                         reward=1.0 if success else -1.0, done=True, seed=seed, tokens=tuple(tokens),
+                         token_logprobs=tuple(logprobs), termination="success" if success else "failure",
+                         teacher_action=teacher, teacher_thought="Click the box." if teacher else "",
+                         teacher_reason="uncertain" if teacher else "", temperature=1.0 if tokens else 0.0,
+                         top_k=5 if tokens else 0)  # fmt: skip
+        episode = EpisodeEvent(event_id=f"e-{name}", client_id="c0", produced_at=now, episode_id=name,
+                               task="click-box", seed=seed, steps=1, raw_reward=step.reward,
+                               binary_reward=1.0 if success else -1.0, success=success,
+                               termination=step.termination, model_version=version, score=1.0 if success else 0.15,
+                               policy="expert" if version == "expert" else "model")  # fmt: skip
+        purpose = "demo" if version == "expert" else ("success" if success else "failure")
+        at = self.offset
+        self.offset += 1
+        self.sinks[STEPS].write([Record("steps", 0, at, [step_row(step, 0, at)])])
+        self.sinks[EPISODES].write([Record("episodes", 0, at, [episode_row(episode, 0, at)])])
+        rows = sample_rows(episode, Curated(purpose, 1.0, "test"), 0, at)
+        self.sinks[TRAINING_SAMPLES].write([Record("episodes", 0, at, rows)])

@@ -4,61 +4,22 @@ SFT on demonstrations -> offline RL once failures are logged -> online RL on fre
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 
-from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
-from policy.screen import encode_png
-from processors.curation import Curated
-from processors.delta_sink import DeltaSink, Record
-from processors.rows import episode_row, sample_rows, step_row
 from registry.store import resolve_model
-from schemas import Action, EpisodeEvent, StepEvent, Verify
+from schemas import Action
 from streams.model_versions import latest_by_channel
-from tests.factories import box_screen
+from tests.factories import TablesLog, box_screen
 
 TINY_RECIPE = {"seed": 0, "vocab_size": 300,
                "model": {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128},
                "pruning": {"keep_ratio": 1.0},
                "train": {"steps": 20, "batch_size": 8, "lr": 0.003, "warmup_steps": 3, "keep_ratios": [1.0],
                          "checkpoint_every": 0}}  # fmt: skip
-
-
-class Log:
-    """Writes one-step episodes into the run's Delta tables as the pipeline would (its rows, its sinks)."""
-
-    def __init__(self, tables_dir):
-        self.sinks = {t: DeltaSink(tables_dir, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}
-        self.offset = 0
-
-    def episode(self, name: str, seed: int, action: Action, success: bool, version: str, tokens=(), logprobs=(),
-                teacher: Action | None = None):  # fmt: skip
-        image, _ = box_screen(seed)
-        now = time.time()
-        step = StepEvent(event_id=f"s-{name}", client_id="c0", produced_at=now, episode_id=name, step=0,
-                         task="click-box", instruction="Click the box.", screenshot=encode_png(image),
-                         thought="Click the box.", action=action, model_version=version, verify=Verify(),
-                         reward=1.0 if success else -1.0, done=True, seed=seed, tokens=tuple(tokens),
-                         token_logprobs=tuple(logprobs), termination="success" if success else "failure",
-                         teacher_action=teacher, teacher_thought="Click the box." if teacher else "",
-                         teacher_reason="uncertain" if teacher else "", temperature=1.0 if tokens else 0.0,
-                         top_k=5 if tokens else 0)  # fmt: skip
-        episode = EpisodeEvent(event_id=f"e-{name}", client_id="c0", produced_at=now, episode_id=name,
-                               task="click-box", seed=seed, steps=1, raw_reward=step.reward,
-                               binary_reward=1.0 if success else -1.0, success=success,
-                               termination=step.termination, model_version=version, score=1.0 if success else 0.15,
-                               policy="expert" if version == "expert" else "model")  # fmt: skip
-        purpose = "demo" if version == "expert" else ("success" if success else "failure")
-        at = self.offset
-        self.offset += 1
-        self.sinks[STEPS].write([Record("steps", 0, at, [step_row(step, 0, at)])])
-        self.sinks[EPISODES].write([Record("episodes", 0, at, [episode_row(episode, 0, at)])])
-        rows = sample_rows(episode, Curated(purpose, 1.0, "test"), 0, at)
-        self.sinks[TRAINING_SAMPLES].write([Record("episodes", 0, at, rows)])
 
 
 def test_the_schedule_follows_the_curriculum():
@@ -99,7 +60,7 @@ def demonstrated(stack, tmp_path):
     """(settings, the tiny recipe's path, a Log) after 12 successful demonstrations landed in the tables."""
     recipe = tmp_path / "tiny.json"
     recipe.write_text(json.dumps(TINY_RECIPE))
-    log = Log(stack.settings.tables_dir)
+    log = TablesLog(stack.settings.tables_dir)
     for seed in range(12):
         log.episode(f"demo-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
     return stack.settings, str(recipe), log
