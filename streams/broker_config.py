@@ -5,9 +5,11 @@ static (every node a voter). Topics get min(3, N) replicas and, with 3, min.insy
 acknowledged once it is on two nodes, so any one node may die without losing it or stopping producers.
 
 Security: the client listener binds `settings.listen_host` (127.0.0.1 by default), the controller listener always
-127.0.0.1. With `security_protocol=SASL_PLAINTEXT` the client listener requires SASL (SCRAM-SHA-256/512, or PLAIN)
-and the broker's own inter-broker login sits in the file, which is then mode 0600. The password may hold any
-character, so values are escaped twice: for JAAS inside the value, for java.util.Properties around it.
+127.0.0.1. With `security_protocol=SASL_PLAINTEXT` or `SASL_SSL` the client listener requires SASL (SCRAM-SHA-256/512,
+or PLAIN), over TLS for SASL_SSL (streams.tls), the controller listener PLAIN, and an authorizer allows only what the
+roles' ACLs say (streams.roles); the broker's own login (its super user) sits in the file, which is then mode 0600.
+The password may hold any character, so values are escaped twice: for JAAS inside the value, for java.util.Properties
+around it.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from pathlib import Path
 
 from core.settings import Settings
 from streams.broker_files import BrokerError, node_dir, props_path
+from streams.tls import ensure_tls
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 def server_properties(settings: Settings, node: int) -> dict[str, str | int]:
     port = settings.kafka_node_port(node)
-    client = "SASL_PLAINTEXT" if settings.uses_sasl else "PLAINTEXT"  # listener name = its security protocol
+    client = settings.security_protocol  # listener name = its security protocol (SSL alone is refused before)
+    controller = "SASL_PLAINTEXT" if settings.uses_sasl else "PLAINTEXT"
     bind = _url_host(settings.listen_host)
     advertised = bind if settings.listen_host not in ("", "0.0.0.0", "::") else _url_host(socket.getfqdn())
     replicas, min_isr = settings.replication_factor, settings.min_insync_replicas
@@ -39,10 +43,12 @@ def server_properties(settings: Settings, node: int) -> dict[str, str | int]:
         # The controller listener is for the quorum alone: plaintext, but on loopback whatever listen_host says.
         "listeners": f"{client}://{bind}:{port},CONTROLLER://127.0.0.1:{port + 1}",
         "advertised.listeners": f"{client}://{advertised}:{port}",
-        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{controller}",
         "inter.broker.listener.name": client,
         "controller.listener.names": "CONTROLLER",
         **(_sasl_properties(settings, client) if settings.uses_sasl else {}),
+        **(_tls_properties(settings, client) if settings.uses_ssl else {}),
+        **(_authorizer_properties(settings) if has_roles(settings) else {}),
         "log.dirs": str(node_dir(settings, node) / "data"),
         # Topics created with replication factor -1 (streams.topics via ensure_topics, faust's) get this one.
         "default.replication.factor": replicas,
@@ -84,10 +90,10 @@ def write_server_properties(settings: Settings, node: int) -> Path:
 
 
 def refuse_unsupported_security(settings: Settings) -> None:
-    if settings.uses_ssl:
+    if settings.security_protocol == "SSL":
         raise BrokerError(
-            f"the local broker serves PLAINTEXT or SASL_PLAINTEXT, not {settings.security_protocol}: "
-            "set FLYWHEEL_BOOTSTRAP_SERVERS to a cluster with TLS listeners"
+            "the local broker serves PLAINTEXT, SASL_PLAINTEXT or SASL_SSL, not SSL alone (TLS without a login "
+            "has no user to give roles to): set FLYWHEEL_SECURITY_PROTOCOL=SASL_SSL"
         )
 
 
@@ -114,10 +120,48 @@ def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
         login_module = f"org.apache.kafka.common.security.scram.ScramLoginModule required {login};"
         mechanisms = dict.fromkeys(SCRAM_MECHANISMS, login_module)
     prefix = f"listener.name.{listener.lower()}"
+    # The quorum's listener logs in too, with PLAIN (KRaft controllers cannot check SCRAM: its credentials live in
+    # the metadata they serve). Without it, the controller port would answer as ANONYMOUS, which must then be a
+    # super user, and any local process could administer the cluster through it.
+    controller_login = (f"org.apache.kafka.common.security.plain.PlainLoginModule required {login} "
+                        f'user_{user}="{_jaas_quote(password)}";')  # fmt: skip
     return {
         "sasl.enabled.mechanisms": ",".join(mechanisms),
         "sasl.mechanism.inter.broker.protocol": settings.sasl_mechanism,
         **{f"{prefix}.{mechanism.lower()}.sasl.jaas.config": jaas for mechanism, jaas in mechanisms.items()},
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": controller_login,
+    }
+
+
+def has_roles(settings: Settings) -> bool:
+    """Roles (streams.roles) are SCRAM users; with PLAIN the broker's JAAS file knows one user, and no authorizer."""
+    return settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS
+
+
+def _tls_properties(settings: Settings, listener: str) -> dict[str, str]:
+    """TLS on the client listener: the node's PEM keystore (streams.tls), and the CA it trusts as a client of the
+    other nodes (inter-broker traffic goes over this listener, hostname checked)."""
+    files = ensure_tls(settings)
+    prefix = f"listener.name.{listener.lower()}"
+    return {
+        f"{prefix}.ssl.keystore.type": "PEM",
+        f"{prefix}.ssl.keystore.location": str(files.keystore),
+        f"{prefix}.ssl.truststore.type": "PEM",
+        f"{prefix}.ssl.truststore.location": str(files.ca),
+        f"{prefix}.ssl.endpoint.identification.algorithm": "https",
+        f"{prefix}.ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
+    }
+
+
+def _authorizer_properties(settings: Settings) -> dict[str, str]:
+    """Nothing is allowed unless an ACL allows it (streams.roles writes them), except to the broker's own user,
+    which the nodes, the quorum and the operator's tools log in as."""
+    return {
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{checked_username(settings.sasl_username)}",
+        "allow.everyone.if.no.acl.found": "false",
     }
 
 

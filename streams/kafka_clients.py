@@ -12,6 +12,7 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from core.settings import Settings
+from streams.tls import local_cafile
 
 MAX_REQUEST_BYTES = 2 * 1024 * 1024  # the topics allow 2 MiB messages (streams.topics)
 
@@ -59,7 +60,7 @@ def security_options(settings: Settings) -> dict[str, Any]:
         }
     if settings.uses_ssl:
         options |= {
-            "ssl_cafile": _str_or_none(settings.ssl_cafile),
+            "ssl_cafile": _str_or_none(local_cafile(settings)),
             "ssl_certfile": _str_or_none(settings.ssl_certfile),
             "ssl_keyfile": _str_or_none(settings.ssl_keyfile),
         }
@@ -70,7 +71,7 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """The TLS context for SSL / SASL_SSL (server verified against ssl_cafile, or the system CAs), else None."""
     if not settings.uses_ssl:
         return None
-    context = ssl.create_default_context(cafile=_str_or_none(settings.ssl_cafile))
+    context = ssl.create_default_context(cafile=_str_or_none(local_cafile(settings)))
     if settings.ssl_certfile is not None:
         context.load_cert_chain(str(settings.ssl_certfile), _str_or_none(settings.ssl_keyfile))
     return context

@@ -27,6 +27,8 @@ from streams.broker_jars import ensure_jars, java_command
 from streams.broker_processes import running_pid, wait_gone
 from streams.broker_readiness import answers_api_versions, await_ready
 from streams.broker_storage import ensure_storage
+from streams.kafka_clients import ssl_context
+from streams.roles import grant_roles
 from streams.topic_admin import ensure_topics, list_topics
 
 
@@ -39,6 +41,7 @@ def up(settings: Settings, timeout: float = 90.0) -> dict[int, int]:
     """
     pids = _start_nodes(settings, settings.kafka_node_ids, timeout)
     ensure_topics(settings)
+    grant_roles(settings)  # with SCRAM: each role's login and ACLs on these topics
     return pids
 
 
@@ -72,7 +75,7 @@ def status(settings: Settings) -> dict:
     unreachable), and per local node its address and pid (no nodes for an external cluster)."""
     pids = {} if settings.uses_external_kafka else node_pids(settings)
     topics = None
-    if any(answers_api_versions(server) for server in settings.bootstrap.split(",")):
+    if any(answers_api_versions(server, tls=ssl_context(settings)) for server in settings.bootstrap.split(",")):
         topics = list_topics(settings)
     running = [pid for pid in pids.values() if pid is not None]
     return {

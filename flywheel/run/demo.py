@@ -182,7 +182,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         "--guidance", config.guidance, "--poll-s", "2", "--curriculum", config.curriculum,
         "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
         "--self-imitation-top-k", str(config.top_k),
-    ], cpus=learner_cpus)  # fmt: skip
+    ], cpus=learner_cpus, role="learner")  # fmt: skip
     if fleet_cpus:
         for worker in stack.workers:
             pin_process(worker.proc.pid, fleet_cpus)
@@ -272,7 +272,8 @@ def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
     say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
     learn_started = time.monotonic()
     learner_summary = config.out / f"turn{turn}-learner.json"
-    learner = stack.start(f"turn{turn}-learner", ["sft", "--steps", str(steps), "--summary", str(learner_summary)])
+    learner = stack.start(f"turn{turn}-learner", ["sft", "--steps", str(steps), "--summary", str(learner_summary)],
+                          role="learner")  # fmt: skip
     code = learner.wait()
     learner.stop()
     if code != 0:

@@ -28,7 +28,7 @@ class Stack(Protocol):
     def worker(self) -> Child: ...
 
     def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
-              cpus: set[int] | None = None) -> Child: ...  # fmt: skip
+              cpus: set[int] | None = None, role: str | None = None) -> Child: ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
                 *run.edge_args,
             ],
             cpus=run.cpus,
+            role="edge",
         )
         for k in range(run.clients)
     ]  # fmt: skip

@@ -23,6 +23,7 @@ from core.settings import Settings, settings_env
 from lake import objectstore
 from registry.signing import load_or_create_key, trust
 from streams import local_broker
+from streams.roles import role_settings, uses_roles
 
 
 @dataclass
@@ -59,14 +60,19 @@ class LocalStack:
         return self.workers[-1]
 
     def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
-              cpus: set[int] | None = None) -> Child:  # fmt: skip
+              cpus: set[int] | None = None, role: str | None = None) -> Child:  # fmt: skip
         """`flywheel <args>` with the run's settings (and `env` on top), on `cpus` (None: any), stopped when the
-        stack closes; on a machine of its own when machines are simulated."""
+        stack closes; on a machine of its own when machines are simulated. `role` (streams.roles: edge, worker,
+        learner): the child logs in to Kafka as that role, allowed only what it needs; None: as the stack does."""
         home, machine_env = self.machine_home(name), {}
+        if role is not None and uses_roles(self.settings):
+            login = role_settings(self.settings, role)
+            machine_env = {"FLYWHEEL_SASL_USERNAME": login.sasl_username,
+                           "FLYWHEEL_SASL_PASSWORD": login.sasl_password.get_secret_value()}  # fmt: skip
         if home is not None:
             (home / "keys" / "trusted").mkdir(parents=True, exist_ok=True)
             trust(self._learner_key().public_key(), home / "keys" / "trusted")  # provisioned, as a deployment does
-            machine_env = {"FLYWHEEL_HOME": str(home)}
+            machine_env |= {"FLYWHEEL_HOME": str(home)}
         cwd = home.parent if home is not None else None
         child = Child(name, list(args), self.logs, {**self.env, **machine_env, **(env or {})}, cpus, cwd)
         self.children.append(child)
@@ -75,7 +81,7 @@ class LocalStack:
     def start_worker(self, *args: str, env: Mapping[str, str] | None = None) -> Child:
         """One more `flywheel process`: 'processors', then 'processors-1', ... (their log names)."""
         name = f"processors-{len(self.workers)}" if self.workers else "processors"
-        self.workers.append(self.start(name, ["process", *args], env))
+        self.workers.append(self.start(name, ["process", *args], env, role="worker"))
         return self.worker
 
     def _learner_key(self):
