@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -188,3 +189,23 @@ def supervise(cmd: list[str], name: str, max_backoff_s: float = 30.0, healthy_af
             time.sleep(0.1)
         if stopping:
             return code
+
+
+def free_ports(count: int = 1, host: str = "127.0.0.1") -> int:
+    """A port p such that p .. p + count - 1 are all free on `host` now (a Kafka node's client and controller
+    listeners, a server of a test's own)."""
+    for _ in range(50):
+        port = _bind_probe(host, 0)
+        if port + count <= 65536 and all(_bind_probe(host, port + i) for i in range(1, count)):
+            return port
+    raise RuntimeError(f"no {count} adjacent free ports found on {host}")
+
+
+def _bind_probe(host: str, port: int) -> int:
+    """Bind host:port (0: any) and release it; the port bound, or 0 when it is taken."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return 0
+        return sock.getsockname()[1]

@@ -370,6 +370,7 @@ def _bench(p: argparse.ArgumentParser) -> None:
     from flywheel.bench.learner import LearnerBenchConfig
     from flywheel.bench.maintenance import MaintenanceBenchConfig
     from flywheel.bench.pipeline import BenchConfig
+    from flywheel.bench.security import SecurityBenchConfig
 
     what = p.add_subparsers(dest="what", required=True)
     kinds = {
@@ -382,6 +383,11 @@ def _bench(p: argparse.ArgumentParser) -> None:
             cmd_bench_learner,
         ),
         "maintenance": ("a steps table before and after maintenance", MaintenanceBenchConfig, cmd_bench_maintenance),
+        "security": (
+            "the same demo over PLAINTEXT and SASL_SSL (TLS, SCRAM, ACLs): wall times side by side",
+            SecurityBenchConfig,
+            cmd_bench_security,
+        ),
         "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
     }
     for name, (help_text, config, func) in kinds.items():
@@ -434,6 +440,13 @@ def cmd_bench_maintenance(args: argparse.Namespace) -> int:
     return 0 if not result["maintenance_error"] else 1
 
 
+def cmd_bench_security(args: argparse.Namespace) -> int:
+    from flywheel.bench.security import SecurityBenchConfig, run_bench
+
+    report = run_bench(config_from(args, SecurityBenchConfig), get_settings())
+    return 0 if all(run["steps_landed"] == run["steps_published"] for run in report["runs"]) else 1
+
+
 def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
     """The baseline consumer process the pipeline benchmark starts."""
     from flywheel.bench.pipeline import run_bare_consumer
@@ -459,7 +472,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
     "dlq": ("list the dead letters (reason, detail, source offset, size)", _dlq),
     "maintain": ("compact, vacuum and checkpoint the Delta tables, keeping every version still read", _maintain),
-    "bench": ("benchmarks: `pipeline`, `edge` (VLA step), `env` (environment), `learner`, `maintenance`", _bench),
+    "bench": (
+        "benchmarks: `pipeline`, `edge` (VLA step), `env` (environment), `learner`, `maintenance`, `security`",
+        _bench,
+    ),
 }
 
 

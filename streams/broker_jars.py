@@ -33,6 +33,17 @@ def ensure_jars(settings: Settings) -> Path:
     return libs
 
 
+def share_jars(settings: Settings, shared: Settings) -> Path:
+    """Give `settings` (a home of a test's or a benchmark's own) the jars of `shared`'s home, fetched there once per
+    machine, through a link instead of a copy."""
+    libs = ensure_jars(shared.model_copy(update={"kafka_version": settings.kafka_version}))
+    link = settings.kafka_dir / libs.name
+    if not link.exists():
+        settings.kafka_dir.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(libs, target_is_directory=True)
+    return link
+
+
 def java_command(settings: Settings, libs: Path) -> list[str]:
     """`java` and its options, with the jars in `libs` on the class path; the main class and its arguments follow."""
     java = shutil.which("java")

@@ -4,7 +4,6 @@ isolated from any flywheel already on the machine."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -14,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from core.processes import free_ports
 from core.settings import Settings, get_settings
 from flywheel.run.stack import LocalStack, local_stack
 from lake import objectstore
-from streams.broker_jars import ensure_jars
+from streams.broker_jars import share_jars
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).
 SHARED_HOME = Path.home() / ".cache" / "flywheel"
@@ -30,7 +30,7 @@ def isolated_broker_settings(home: Path, prefix: str, **overrides) -> Settings:
     settings = Settings(
         home=home,
         data_dir=home / "data",
-        kafka_port=_free_ports(2 * overrides.get("kafka_nodes", 1)),  # each node: client and controller port
+        kafka_port=free_ports(2 * overrides.get("kafka_nodes", 1)),  # each node: client and controller port
         topic_prefix=f"{prefix}-{uuid.uuid4().hex[:8]}",
         bootstrap_servers="",
         **overrides,
@@ -96,7 +96,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     """A real S3Proxy for this session (own home and data, a free port; the jar shared machine-wide), its endpoint
     and credential in FLYWHEEL_S3_* while the session runs. Yields settings whose data_dir is a fresh s3:// prefix."""
     home = tmp_path_factory.mktemp("objectstore-home")
-    settings = Settings(home=home, s3_port=_free_ports(1), data_dir=f"s3://flywheel-test/{uuid.uuid4().hex[:8]}")
+    settings = Settings(home=home, s3_port=free_ports(1), data_dir=f"s3://flywheel-test/{uuid.uuid4().hex[:8]}")
     link_shared_s3proxy(settings)
     objectstore.up(settings)
     access, secret = objectstore.local_credential(settings)
@@ -122,7 +122,7 @@ def link_shared_s3proxy(settings: Settings) -> None:
 
 
 def free_port() -> int:
-    return _free_ports(1)
+    return free_ports(1)
 
 
 @pytest.fixture
@@ -150,25 +150,4 @@ def _link_shared_jars(settings: Settings) -> None:
     shared = Settings(home=SHARED_HOME, kafka_version=settings.kafka_version)
     if shutil.which("mvn") is None and not (shared.kafka_dir / f"libs-{settings.kafka_version}").exists():
         pytest.fail("Maven is not installed and the Kafka jars are not cached (ops/setup.sh installs it)")
-    libs = ensure_jars(shared)
-    settings.kafka_dir.mkdir(parents=True, exist_ok=True)
-    (settings.kafka_dir / libs.name).symlink_to(libs, target_is_directory=True)
-
-
-def _free_ports(count: int) -> int:
-    """A port p such that p .. p + count - 1 are all free: the nodes' client and controller listeners."""
-    for _ in range(50):
-        port = _bind_probe(0)
-        if port + count <= 65536 and all(_bind_probe(port + i) for i in range(1, count)):
-            return port
-    raise RuntimeError(f"no {count} adjacent free ports found on 127.0.0.1")
-
-
-def _bind_probe(port: int) -> int:
-    """Bind 127.0.0.1:port (0: any) and release it; return the port bound, or 0 when it is taken."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return 0
-        return sock.getsockname()[1]
+    share_jars(settings, shared)

@@ -159,6 +159,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.learner import LearnerBenchConfig
     from flywheel.bench.maintenance import MaintenanceBenchConfig
     from flywheel.bench.pipeline import BenchConfig
+    from flywheel.bench.security import SecurityBenchConfig
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
@@ -170,7 +171,7 @@ def config_classes() -> dict[str, type]:
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig)  # fmt: skip
+               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

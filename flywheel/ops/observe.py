@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.metrics import SCRAPE_WAIT_ENV, SD_DIR_ENV, write_sd_target
+from core.processes import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,6 @@ DEMO_SCRAPE_INTERVAL = "1s"  # short-lived processes live 10-60 s in the demo
 
 def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def write_demo_config(workdir: Path, scrape_interval: str = DEMO_SCRAPE_INTERVAL) -> Path:
@@ -65,7 +59,7 @@ class Prometheus:
             raise FileNotFoundError("prometheus is not installed (ops/setup.sh installs Debian's package)")
         self.workdir = workdir
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_ports(1, host)
         self.url = f"http://{host}:{self.port}"
         config = workdir / "prometheus.yml"
         self._log = open(workdir / "prometheus.log", "ab")

@@ -24,6 +24,7 @@ from lake import objectstore
 from registry.signing import load_or_create_key, trust
 from streams import local_broker
 from streams.roles import role_settings, uses_roles
+from streams.tls import local_cafile
 
 
 @dataclass
@@ -171,5 +172,8 @@ def run_settings(settings: Settings, run: str | None = None, data_dir: Path | No
 
 def child_env(settings: Settings) -> dict[str, str]:
     """FLYWHEEL_* of a child of the stack: the run's settings, with the broker's address as an external cluster's,
-    so a child never starts or stops a broker of its own."""
-    return settings_env(settings.model_copy(update={"bootstrap_servers": settings.bootstrap}))
+    so a child never starts or stops a broker of its own, and the CA it trusts named (provisioned, on a machine of
+    its own)."""
+    return settings_env(
+        settings.model_copy(update={"bootstrap_servers": settings.bootstrap, "ssl_cafile": local_cafile(settings)})
+    )
