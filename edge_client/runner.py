@@ -70,6 +70,9 @@ class EdgeConfig:
     """Stop at the first episode boundary after this many seconds (None: run all episodes)."""
     drain_timeout_s: float = 120.0
     """At exit, how long to wait for the spool to reach Kafka."""
+    ledger_path: Path | None = None
+    """Append each step's event_id to this file once it is in the spool (a client's own record of what it owes the
+    tables: `flywheel chaos` checks each is in Delta exactly once)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """With policy='model': which screens the DOM teacher labels, and its budget (edge_client.teacher)."""
 
@@ -123,8 +126,12 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     )
     steps_topic = topics_for(settings).steps.name
 
+    ledger = open(config.ledger_path, "a", buffering=1) if config.ledger_path is not None else None  # noqa: SIM115
+
     def publish(event: StepEvent) -> None:
         publisher.publish(steps_topic, event.episode_id.encode(), encode_event(event))
+        if ledger is not None:
+            ledger.write(f"{event.event_id} {event.episode_id}\n")  # after the spool has it: owed from now on
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)
@@ -160,6 +167,8 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
         env.close()
         summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
         metrics.SPOOL_DEPTH.set(summary.unsent)
+        if ledger is not None:
+            ledger.close()
     summary.steps_published = sum(delivered.values())
     if teacher is not None:
         summary.teacher_labels, summary.teacher_skipped = dict(teacher.labels), dict(teacher.skipped)

@@ -146,7 +146,8 @@ def test_the_demo_runs_end_to_end_over_sasl_ssl(tmp_path):
     from core.settings import get_settings
     from flywheel.bench.security import SecurityBenchConfig, run_demo
 
-    config = SecurityBenchConfig(out=tmp_path, turns=1, episodes_per_task=4, sft_steps=5)
+    demo = "--turns 1 --clients 1 --tasks click-test,click-button --episodes-per-task 4 --sft-steps 5"
+    config = SecurityBenchConfig(out=tmp_path, demo=demo)
     run = run_demo(config, get_settings(), "SASL_SSL", tmp_path / "sasl_ssl")
     assert run["steps_landed"] == run["steps_published"] > 0 and run["published"] == ["sft-0001"]
     logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "sasl_ssl" / "demo").rglob("*.log"))

@@ -1,10 +1,6 @@
-"""`flywheel bench security --out DIR`: what TLS, SCRAM and per-role ACLs cost the flywheel, as wall time.
-
-The same short `flywheel demo` (turns of: the fleet acts, the worker lands its steps in Delta, the learner trains
-and publishes, clients swap) runs over PLAINTEXT and over SASL_SSL, each in a home of its own that starts and
-stops its own broker, alternating the two `repeats` times so a slow minute of the shared box hits both. Writes
-DIR/security_bench.json and prints the medians side by side with their ratio (issue 33's target: within 1.3x).
-"""
+"""`flywheel bench security`: the wall time of one short demo over PLAINTEXT and over SASL_SSL (TLS, SCRAM, ACLs),
+each in a home of its own with its own broker, alternating `repeats` times (a slow minute of the shared box hits
+both); DIR/security_bench.json, medians side by side and their ratio (issue 33's target: within 1.3x)."""
 
 from __future__ import annotations
 
@@ -32,14 +28,8 @@ class SecurityBenchConfig:
     """Each run's demo goes to out/<mode>-<k>/, the figures to out/security_bench.json."""
     repeats: int = 2
     """Runs of each mode, alternating; the figures are medians."""
-    turns: int = 2
-    """Turns of each demo."""
-    episodes_per_task: int = 4
-    """Episodes per task and client in each turn."""
-    tasks: str = "click-test,click-button"
-    """Tasks of the demo (comma-separated)."""
-    sft_steps: int = 15
-    """SFT steps of the first turn's model."""
+    demo: str = "--turns 2 --clients 1 --tasks click-test,click-button --episodes-per-task 4 --sft-steps 15"
+    """The demo's flags (both modes run the same; --out and --no-prometheus are added)."""
 
 
 def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
@@ -47,17 +37,12 @@ def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
     runs = []
     for k in range(config.repeats):
         for mode in MODES:
-            runs.append(run_demo(config, settings, mode, config.out / f"{mode.lower()}-{k}"))
-            print(f"{mode}: {runs[-1]['wall_s']:.1f} s, {runs[-1]['steps_landed']} steps landed", flush=True)
+            runs.append(run := run_demo(config, settings, mode, config.out / f"{mode.lower()}-{k}"))
+            print(f"{mode}: {run['wall_s']:.1f} s, {run['steps_landed']} steps landed", flush=True)
     medians = {mode: statistics.median(r["wall_s"] for r in runs if r["mode"] == mode) for mode in MODES}
-    report = {
-        "config": {k: str(v) for k, v in asdict(config).items()},
-        "machine": machine(),
-        "runs": runs,
-        "median_wall_s": medians,
-        "sasl_ssl_over_plaintext": round(medians["SASL_SSL"] / medians["PLAINTEXT"], 3),
-        "target": "SASL_SSL wall time within 1.3x PLAINTEXT",
-    }
+    report = {"config": {k: str(v) for k, v in asdict(config).items()}, "machine": machine(), "runs": runs,
+              "median_wall_s": medians, "sasl_ssl_over_plaintext": round(medians["SASL_SSL"] / medians["PLAINTEXT"], 3),
+              "target": "SASL_SSL wall time within 1.3x PLAINTEXT"}  # fmt: skip
     (config.out / "security_bench.json").write_text(json.dumps(report, indent=2))
     print(f"median wall time: PLAINTEXT {medians['PLAINTEXT']:.1f} s, SASL_SSL {medians['SASL_SSL']:.1f} s, "
           f"ratio {report['sasl_ssl_over_plaintext']}x (target <= 1.3x)")  # fmt: skip
@@ -66,27 +51,21 @@ def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
 
 def run_demo(config: SecurityBenchConfig, settings: Settings, mode: str, out: Path) -> dict:
     """One demo in a home of its own (jars shared), on a broker it starts and stops: its wall time and outcome."""
-    home = out / "home"
-    run_settings = Settings(
-        home=home, data_dir=out / "data", kafka_port=free_ports(2), bootstrap_servers="",
-        topic_prefix=f"bench-{mode.lower()}", security_protocol=mode,
-        **({"sasl_username": "flywheel-admin", "sasl_password": secrets.token_urlsafe(16)} if mode != "PLAINTEXT"
-           else {}),
-    )  # fmt: skip
+    login = (
+        {"sasl_username": "flywheel-admin", "sasl_password": secrets.token_urlsafe(16)} if mode != "PLAINTEXT" else {}
+    )
+    run_settings = Settings(home=out / "home", data_dir=out / "data", kafka_port=free_ports(2), bootstrap_servers="",
+                            topic_prefix=f"bench-{mode.lower()}", security_protocol=mode, **login)  # fmt: skip
     share_jars(run_settings, settings)
-    args = ["--turns", str(config.turns), "--clients", "1", "--tasks", config.tasks,
-            "--episodes-per-task", str(config.episodes_per_task), "--sft-steps", str(config.sft_steps),
-            "--finetune-steps", "5", "--no-prometheus", "--out", str(out / "demo")]  # fmt: skip
-    env = {**os.environ, **settings_env(run_settings)}
+    args = [*config.demo.split(), "--no-prometheus", "--out", str(out / "demo")]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args], env=env, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args], capture_output=True, text=True,
+                          env={**os.environ, **settings_env(run_settings)})  # fmt: skip
     wall_s = time.perf_counter() - started
     (out / "demo.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"the {mode} demo failed (exit {done.returncode}); see {out / 'demo.log'}")
-    report = json.loads((out / "demo" / "report.json").read_text())
-    turns = report["turns"]
+    turns = json.loads((out / "demo" / "report.json").read_text())["turns"]
     return {"mode": mode, "wall_s": round(wall_s, 1), "steps_landed": sum(t["steps_in_delta"] for t in turns),
             "steps_published": sum(t["steps_published"] for t in turns),
             "published": [t["published_version"] for t in turns]}  # fmt: skip

@@ -1,0 +1,115 @@
+"""The ledger check after a run under faults (`flywheel chaos`): what every party owes the tables, against what the
+tables hold.
+
+    steps          every event_id a client recorded as spooled (edge_client.runner's ledger) is in `steps` exactly
+                   once, and `steps` holds nothing else
+    episodes       every episode those steps belong to is in `episodes` exactly once
+    dead letters   every dead letter is an injected bad event (by the digest of its bytes), each exactly once
+    versions       every published version verifies (signature by a trusted key, artifact digest), its lineage
+                   reads (each table at the version it trained on), no version id is used twice, and the learner
+                   continued rather than restarted: each version's parent is the version published before it
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+import polars as pl
+
+from core.object_store import Location
+from lake.tables import EPISODES, STEPS, open_table, scan, table_exists, table_uri
+from registry.signing import TrustedKeys
+from registry.store import ModelRejected, fetch_verified, read_manifests
+from schemas import ModelVersionEvent
+
+SIGNED_FIELDS = tuple(ModelVersionEvent.__struct_fields__)
+
+
+def read_client_ledgers(paths: Iterable[Path]) -> dict[str, str]:
+    """event_id -> episode_id of every step the clients spooled (lines 'event_id episode_id'; a line cut by a kill
+    mid-write is not a step the client finished recording, so it is skipped)."""
+    owed: dict[str, str] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                owed[parts[0]] = parts[1]
+    return owed
+
+
+def check_steps(tables_dir: Location, owed: dict[str, str]) -> dict:
+    found = _counts(tables_dir, STEPS, "event_id")
+    missing = sorted(set(owed) - set(found))
+    duplicated = sorted(e for e, n in found.items() if n > 1)
+    unowed = sorted(set(found) - set(owed))
+    return {"owed": len(owed), "in_table": sum(found.values()), "missing": len(missing), "duplicated": len(duplicated),
+            "unowed": len(unowed), "examples": {"missing": missing[:5], "duplicated": duplicated[:5],
+                                                "unowed": unowed[:5]}}  # fmt: skip
+
+
+def check_episodes(tables_dir: Location, owed: dict[str, str]) -> dict:
+    episodes = set(owed.values())
+    found = _counts(tables_dir, EPISODES, "episode_id")
+    missing = sorted(episodes - set(found))
+    duplicated = sorted(e for e, n in found.items() if n > 1)
+    examples = {"missing": missing[:5], "duplicated": duplicated[:5]}
+    return {"owed": len(episodes), "in_table": sum(found.values()), "missing": len(missing),
+            "duplicated": len(duplicated), "examples": examples}  # fmt: skip
+
+
+def check_dead_letters(letters: Iterable[bytes], injected: Iterable[bytes]) -> dict:
+    """Each injected bad event dead-lettered once, and nothing else dead-lettered (compared by sha256)."""
+    have = Counter(hashlib.sha256(value).hexdigest() for value in letters)
+    want = Counter(hashlib.sha256(value).hexdigest() for value in injected)
+    return {"injected": sum(want.values()), "dead_letters": sum(have.values()),
+            "unaccounted": sum((have - want).values()), "not_dead_lettered": sum((want - have).values())}  # fmt: skip
+
+
+def check_versions(artifacts_dir: Location, tables_dir: Location, trusted_dir: Path) -> dict:
+    manifests = read_manifests(artifacts_dir, skip_unreadable=False)  # an unreadable manifest fails the check
+    trusted, problems = TrustedKeys(trusted_dir), []
+    ids = [m["version"] for m in manifests]
+    reused = sorted(v for v, n in Counter(ids).items() if n > 1)
+    for previous, manifest in zip([None, *manifests], manifests, strict=False):
+        version = manifest["version"]
+        event = msgspec.convert({k: manifest[k] for k in SIGNED_FIELDS if k in manifest}, ModelVersionEvent)
+        try:
+            trusted.verify(event)
+            fetch_verified(event.artifact_uri, event.sha256)
+        except ModelRejected as error:
+            problems.append(f"{version}: {error}")
+        for table, table_version in event.lineage.items():
+            uri = table_uri(tables_dir, table)
+            if not table_exists(uri):
+                problems.append(f"{version}: lineage table {table} is gone")
+                continue
+            try:
+                open_table(uri, table_version)
+            except Exception as error:  # noqa: BLE001 - any failure to load that version is the finding
+                problems.append(f"{version}: {table}@{table_version} does not load: {error!r}")
+        if previous is not None and event.parent != previous["version"]:
+            problems.append(f"{version}: parent {event.parent!r}, but {previous['version']} was published before it")
+    return {"published": len(ids), "reused_ids": reused, "problems": problems, "versions": ids}
+
+
+def ledger_ok(report: dict) -> bool:
+    steps, episodes, letters, versions = (report[k] for k in ("steps", "episodes", "dead_letters", "versions"))
+    return (
+        steps["missing"] == steps["duplicated"] == steps["unowed"] == 0
+        and episodes["missing"] == episodes["duplicated"] == 0
+        and letters["unaccounted"] == letters["not_dead_lettered"] == 0
+        and not versions["reused_ids"]
+        and not versions["problems"]
+    )
+
+
+def _counts(tables_dir: Location, table: str, column: str) -> dict[str, int]:
+    uri = table_uri(tables_dir, table)
+    if not table_exists(uri):
+        return {}
+    counted = scan(uri, columns=[column]).group_by(column).agg(pl.len()).collect()
+    return dict(zip(counted[column].to_list(), counted["len"].to_list(), strict=True))

@@ -1,0 +1,106 @@
+"""The chaos run's ledger check (flywheel.run.ledger) on real Delta tables and a real model store: it finds a lost
+step, a duplicated one, a stray dead letter, a reused version id, a broken parent chain and a tampered artifact,
+and passes a clean run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import msgspec
+
+from flywheel.run.ledger import (
+    check_dead_letters,
+    check_episodes,
+    check_steps,
+    check_versions,
+    ledger_ok,
+    read_client_ledgers,
+)
+from lake.tables import STEPS
+from processors.delta_sink import Record
+from processors.rows import step_row
+from registry.signing import load_or_create_key, sign
+from registry.store import store_artifact, write_manifest
+from schemas import Action, ModelVersionEvent, new_event_id
+from tests.factories import TablesLog, step_event
+
+RELEASE = Path(__file__).resolve().parents[1] / "release" / "model-int8.vla"
+
+
+def logged(tmp_path: Path, episodes: int = 3) -> tuple[TablesLog, dict[str, str]]:
+    log = TablesLog(tmp_path / "tables")
+    for n in range(episodes):
+        log.episode(f"c0-ep-{n}", n, Action("click", 5.0, 5.0), True, "expert")
+    ledger = tmp_path / "c0.ledger"
+    ledger.write_text("".join(f"s-c0-ep-{n} c0-ep-{n}\n" for n in range(episodes)) + "s-c0-ep-cut")  # a cut line
+    return log, read_client_ledgers([ledger])
+
+
+def test_a_clean_run_passes_and_each_kind_of_loss_is_found(tmp_path):
+    log, owed = logged(tmp_path)
+    tables = tmp_path / "tables"
+    assert len(owed) == 3  # the line cut mid-write is not owed
+    steps, episodes = check_steps(tables, owed), check_episodes(tables, owed)
+    assert (steps["missing"], steps["duplicated"], steps["unowed"], episodes["missing"]) == (0, 0, 0, 0)
+
+    lost = {**owed, "s-c0-ep-9": "c0-ep-9"}  # a step the client spooled that never landed, with its episode
+    assert check_steps(tables, lost)["missing"] == 1 and check_episodes(tables, lost)["missing"] == 1
+    again = step_event("c0-ep-0", event_id="s-c0-ep-0")  # the same event landed twice (at another offset)
+    log.sinks[STEPS].write([Record("steps", 0, 99, [step_row(again, 0, 99)])])
+    assert check_steps(tables, owed)["duplicated"] == 1
+    stray = step_event("c9-ep-0")  # in the table, owed by no client
+    log.sinks[STEPS].write([Record("steps", 0, 100, [step_row(stray, 0, 100)])])
+    assert check_steps(tables, owed)["unowed"] == 1
+
+
+def test_dead_letters_must_be_exactly_the_injected_bad_events():
+    injected = [b"\x00bad", b'{"kind": "step"}', b"x" * 10]
+    assert check_dead_letters(injected[::-1], injected) == {
+        "injected": 3, "dead_letters": 3, "unaccounted": 0, "not_dead_lettered": 0}  # fmt: skip
+    found = check_dead_letters([*injected[:2], b"a good event dead-lettered by mistake"], injected)
+    assert (found["unaccounted"], found["not_dead_lettered"]) == (1, 1)
+
+
+def publish(tmp_path: Path, version: str, parent: str, key, lineage: dict, artifact: Path = RELEASE) -> str:
+    """Store, sign and record a version as the learner does (without sending it); its artifact's URI."""
+    uri, sha256 = store_artifact(artifact, tmp_path / "artifacts")
+    event = ModelVersionEvent(new_event_id(), time.time(), version, parent, version.split("-")[0], uri, sha256,
+                              lineage=lineage)  # fmt: skip
+    write_manifest(msgspec.structs.replace(event, signature=sign(event, key)), tmp_path / "artifacts")
+    return uri
+
+
+def test_versions_verify_read_their_lineage_and_chain_without_a_restart(tmp_path):
+    logged(tmp_path)
+    key = load_or_create_key(tmp_path / "keys")
+    trusted, tables, artifacts = tmp_path / "keys" / "trusted", tmp_path / "tables", tmp_path / "artifacts"
+    publish(tmp_path, "sft-0001", "", key, {"steps": 0, "training_samples": 1})
+    publish(tmp_path, "offline_rl-0002", "sft-0001", key, {"steps": 2})
+    clean = check_versions(artifacts, tables, trusted)
+    assert clean["published"] == 2 and not clean["reused_ids"] and not clean["problems"]
+
+    publish(tmp_path, "online_rl-0003", "sft-0001", key, {"steps": 99})  # a restarted learner's parent; no v99
+    problems = check_versions(artifacts, tables, trusted)["problems"]
+    assert any("parent 'sft-0001'" in p for p in problems) and any("steps@99" in p for p in problems)
+
+    other = tmp_path / "other.vla"
+    other.write_bytes(RELEASE.read_bytes() + b"!")  # another artifact, stored under its own digest
+    uri = publish(tmp_path, "online_rl-0004", "online_rl-0003", key, {}, artifact=other)
+    Path(urlparse(uri).path).write_bytes(b"corrupted in the store")
+    assert any("checksum mismatch" in p for p in check_versions(artifacts, tables, trusted)["problems"])
+
+
+def test_a_version_id_published_twice_fails_the_ledger(tmp_path):
+    logged(tmp_path)
+    key = load_or_create_key(tmp_path / "keys")
+    publish(tmp_path, "sft-0001", "", key, {})
+    # A learner killed after sending but before its manifest counted the version would name the next one the same.
+    (tmp_path / "artifacts" / "manifests" / "sft-0001.json").rename(tmp_path / "artifacts" / "manifests" / "a.json")
+    publish(tmp_path, "sft-0001", "", key, {})
+    versions = check_versions(tmp_path / "artifacts", tmp_path / "tables", tmp_path / "keys" / "trusted")
+    assert versions["reused_ids"] == ["sft-0001"]
+    report = {"steps": {"missing": 0, "duplicated": 0, "unowed": 0}, "episodes": {"missing": 0, "duplicated": 0},
+              "dead_letters": {"unaccounted": 0, "not_dead_lettered": 0}, "versions": versions}  # fmt: skip
+    assert not ledger_ok(report)
