@@ -11,8 +11,8 @@ from pathlib import Path
 
 import msgspec
 
-from core.object_store import Location
-from core.settings import Settings
+from core.object_store import Location, PreconditionFailed, join
+from core.settings import Settings, get_settings
 from registry.signing import load_or_create_key, sign
 from registry.store import manifest_locations, store_artifact, write_manifest
 from schemas import ModelVersionEvent, encode_event, new_event_id
@@ -21,9 +21,26 @@ from streams.model_versions import latest_by_channel
 from streams.topics import topics_for
 
 
-def next_version(artifacts_dir: Location, stage: str) -> str:
-    """'sft-0003': stage plus a counter over the versions already in the store."""
-    return f"{stage}-{len(manifest_locations(artifacts_dir)) + 1:04d}"
+def claim_version(artifacts_dir: Location, stage: str) -> str:
+    """'sft-0003': the stage and a number above every one claimed or published so far, claimed (put only if absent
+    at `claims/0003`) before anything is sent. A learner killed after sending a version but before writing its
+    manifest, or a second learner publishing at the same moment, can then never give two versions one id."""
+    files = get_settings().files()
+    taken = [*files.list(join(artifacts_dir, "claims")), *manifest_locations(artifacts_dir)]
+    number = max((_number(str(location)) for location in taken), default=0)
+    while True:
+        number += 1
+        try:
+            files.write(join(artifacts_dir, "claims", f"{number:04d}"), stage.encode(), if_absent=True)
+            return f"{stage}-{number:04d}"
+        except PreconditionFailed:
+            continue  # claimed meanwhile by another learner: the next one
+
+
+def _number(location: str) -> int:
+    """The number a claim or manifest names ('.../claims/0003', '.../manifests/sft-0003.json' -> 3), 0 if none."""
+    digits = location.rsplit("/", 1)[-1].removesuffix(".json").rsplit("-", 1)[-1]
+    return int(digits) if digits.isdigit() else 0
 
 
 def publish_artifact(
@@ -41,7 +58,7 @@ def publish_artifact(
     event = ModelVersionEvent(
         event_id=new_event_id(),
         produced_at=time.time(),
-        version=next_version(settings.artifacts_dir, stage),
+        version=claim_version(settings.artifacts_dir, stage),
         parent=parent,
         stage=stage,
         artifact_uri=uri,

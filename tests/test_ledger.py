@@ -104,3 +104,16 @@ def test_a_version_id_published_twice_fails_the_ledger(tmp_path):
     report = {"steps": {"missing": 0, "duplicated": 0, "unowed": 0}, "episodes": {"missing": 0, "duplicated": 0},
               "dead_letters": {"unaccounted": 0, "not_dead_lettered": 0}, "versions": versions}  # fmt: skip
     assert not ledger_ok(report)
+
+
+def test_version_ids_are_claimed_so_a_kill_between_sending_and_recording_never_reuses_one(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from learner.publish import claim_version
+
+    artifacts = tmp_path / "artifacts"
+    first = claim_version(artifacts, "sft")  # then the learner dies before writing sft-0001's manifest
+    assert first == "sft-0001" and claim_version(artifacts, "offline_rl") == "offline_rl-0002"
+    with ThreadPoolExecutor(8) as pool:  # learners racing for the next ids
+        claimed = list(pool.map(lambda _: claim_version(artifacts, "online_rl"), range(16)))
+    assert sorted(int(v.rsplit("-", 1)[1]) for v in claimed) == list(range(3, 19))
