@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from flywheel.run.ledger import (
+from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
     check_steps,
