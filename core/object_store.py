@@ -14,6 +14,7 @@ import functools
 import hashlib
 import hmac
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,7 +231,7 @@ class Files:
             return
         path = Path(location)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer thread
         tmp.write_bytes(data)
         if if_absent:
             try:

@@ -71,7 +71,10 @@ def write_manifest(event: ModelVersionEvent, artifacts_dir: Location, extra: dic
     return path
 
 
-MANIFEST_FIELDS = ("version", "artifact_uri", "sha256", "produced_at")  # what readers of a manifest rely on
+# What a manifest's readers rely on, with its type: version and time always; the rest where present (maintenance
+# reads only lineage, a client the artifact's address and digest: resolve_model requires those).
+MANIFEST_FIELDS = {"version": str, "produced_at": (int, float), "artifact_uri": str, "sha256": str, "lineage": dict}
+REQUIRED_FIELDS = ("version", "produced_at")
 MAX_MANIFEST_BYTES = 1024 * 1024
 
 
@@ -93,9 +96,11 @@ def parse_manifest(data: bytes, location: Location) -> dict:
         raise ValueError(f"manifest {location} is not JSON: {error}") from error
     if not isinstance(manifest, dict):
         raise ValueError(f"manifest {location} is not a JSON object")
-    wrong = [name for name in MANIFEST_FIELDS if not isinstance(manifest.get(name), str | float | int)]
-    if wrong:
-        raise ValueError(f"manifest {location} lacks {', '.join(wrong)}")
+    problems = [f"lacks {name}" for name in REQUIRED_FIELDS if name not in manifest]
+    problems += [f"{name} is not a {getattr(kind, '__name__', 'number')}" for name, kind in MANIFEST_FIELDS.items()
+                 if name in manifest and not isinstance(manifest[name], kind)]  # fmt: skip
+    if problems:
+        raise ValueError(f"manifest {location}: {', '.join(problems)}")
     return manifest
 
 
@@ -160,6 +165,8 @@ def resolve_model(path_or_version: str, artifacts_dir: Path) -> tuple[Path, str]
         manifest = read_manifest(artifacts_dir, path_or_version)
         if manifest is None:
             raise FileNotFoundError(f"{path_or_version!r} is neither a model file nor a version in {manifests}")
+    if not {"artifact_uri", "sha256"} <= manifest.keys():
+        raise ValueError(f"manifest of {manifest['version']} names no artifact (artifact_uri, sha256)")
     return fetch_verified(manifest["artifact_uri"], manifest["sha256"]), manifest["version"]
 
 

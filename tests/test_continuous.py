@@ -6,16 +6,19 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import replace
 
 import polars as pl
 import pytest
 
 from core.object_store import join
+from core.settings import settings_env
 from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
+from tests.conftest import isolated_broker_settings
 
 
 def test_idle_time_is_the_window_no_span_covers():
@@ -59,16 +62,26 @@ def test_success_rise_compares_versions_the_fleet_ran_enough():
     assert success_rise(versions[:2]) is None
 
 
-def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kafka_settings, s3_settings, tmp_path):
+# The demo's own broker: TLS with the project's CA, SCRAM, per-role ACLs (the other settings are the session's).
+BROKER_VARIABLES = ("HOME", "KAFKA_PORT", "BOOTSTRAP_SERVERS", "TOPIC_PREFIX", "SECURITY_PROTOCOL", "SASL_MECHANISM",
+                    "SASL_USERNAME", "SASL_PASSWORD")  # fmt: skip
+
+
+def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_settings, tmp_path):
     """On separate machines, simulated: two workers, the learner and the client each in a working dir and
-    FLYWHEEL_HOME of its own, sharing only Kafka and the object store (S3Proxy) that holds the tables and models."""
+    FLYWHEEL_HOME of its own, sharing only Kafka and the object store (S3Proxy) that holds the tables and models.
+    Over SASL_SSL: the demo starts a broker of its own with TLS and ACLs, and each process logs in as its role
+    (edge, worker, learner), allowed only what it needs; the CA is provisioned to each machine."""
+    secure = isolated_broker_settings(tmp_path / "broker-home", "demo", security_protocol="SASL_SSL",
+                                      sasl_username="flywheel-admin", sasl_password=uuid.uuid4().hex)  # fmt: skip
+    broker_env = {k: v for k, v in settings_env(secure).items() if k.removeprefix("FLYWHEEL_") in BROKER_VARIABLES}
     out = tmp_path / "demo"
     args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
             "--retrain-steps", "5", "--rl-updates-per-retrain", "1", "--machines", "--workers", "2"]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
-                            env={**os.environ, "FLYWHEEL_DATA_DIR": s3_settings.data_dir},
+                            env={**os.environ, **broker_env, "FLYWHEEL_DATA_DIR": s3_settings.data_dir},
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -79,6 +92,10 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(kaf
     for name in ("processors", "processors-1"):  # both workers consumed: each wrote its faust state at home
         assert any((out / "machines" / name / "home" / "faust").iterdir())
     assert (out / "machines" / "learner" / "home" / "learner" / "daemon" / "state.json").exists()
+    server = (secure.kafka_dir / "server.properties").read_text()  # the broker it ran on
+    assert "listener.security.protocol.map=SASL_SSL:SASL_SSL" in server and "StandardAuthorizer" in server
+    logs = "\n".join(p.read_text(errors="replace") for p in out.rglob("*.log"))
+    assert "AuthorizationFailed" not in logs and "SSLCertVerification" not in logs
     assert any((out / "machines" / "fleet-client0" / "home" / "models" / "sha256").iterdir())  # fetched from S3
 
     stages = [v["stage"] for v in report["versions"]]

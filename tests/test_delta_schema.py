@@ -51,14 +51,16 @@ CHANGES = {
 def test_the_learner_refuses_a_table_changed_under_it_and_reads_on_at_its_pinned_version(tables, change):
     table, edit, problem = CHANGES[change]
     pinned = table_versions(tables)
-    before = load_samples(tables, ("demo",), pinned)
+    before = load_samples(tables, ("demo",), pinned).sort("episode_id")  # a join's row order is not fixed
     assert len(before) == 3
     rewrite(tables, table, edit)
     for read in (lambda: load_samples(tables, ("demo",)), lambda: load_rollouts(tables, ("failure",))):
         with pytest.raises(SchemaMismatch, match=problem) as refused:
             read()
         assert table_uri(tables, table) in str(refused.value)
-    assert load_samples(tables, ("demo",), pinned).equals(before)  # time travel: the old schema, the old rows
+    assert (
+        load_samples(tables, ("demo",), pinned).sort("episode_id").equals(before)
+    )  # time travel: the old schema, the old rows
 
 
 def test_widened_and_added_columns_are_read(tables):

@@ -17,23 +17,6 @@ from policy.screen import encode_png
 from schemas import Action
 from tests.factories import box_screen
 
-SCRIPT = """
-import hashlib, json, os, sys
-import polars as pl, torch
-from learner.config import VLARecipe, VLATrainConfig
-from learner.vla_sft import train_vla
-frame = pl.read_parquet(sys.argv[1])
-config = VLATrainConfig(steps=8, batch_size=8, lr=3e-3, warmup_steps=2, seed=0, keep_ratios=(1.0,), checkpoint_every=4,
-                        progress_bar=False, num_threads=1)
-model_config = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
-result = train_vla(frame, VLARecipe(model=model_config, vocab_size=300, train=config), sys.argv[2])
-state = result.model.state_dict()
-digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in state.values())).hexdigest()
-rank = os.environ.get("RANK", "0")
-with open(os.path.join(sys.argv[2], f"rank-{rank}.json"), "w") as f:
-    json.dump({"digest": digest, "losses": result.losses}, f)
-"""
-
 
 def box_frame(n: int) -> pl.DataFrame:
     rows = []
@@ -45,43 +28,30 @@ def box_frame(n: int) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def run(tmp_path: Path, processes: int) -> Path:
-    data, script, out = tmp_path / "frame.parquet", tmp_path / "train.py", tmp_path / f"run-{processes}"
-    if not data.exists():
-        box_frame(16).write_parquet(data)
-        script.write_text(SCRIPT)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--standalone", f"--nproc_per_node={processes}", str(script), str(data), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
-
-
-def test_two_gloo_processes_train_one_model_on_the_global_batch(tmp_path):
-    two = run(tmp_path, 2)
-    ranks = [json.loads((two / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["digest"] == ranks[1]["digest"]  # DDP kept the replicas identical
-    assert ranks[0]["losses"][-1] < ranks[0]["losses"][0]  # and they learned
-    assert (two / "vla_checkpoint.pt").exists()  # written once, by rank 0
-    # The same global batches as one process: the weights agree up to how the two halves' token means combine.
-    one = run(tmp_path, 1)
-    a = torch.load(one / "vla_checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(two / "vla_checkpoint.pt", weights_only=True)["model"]
-    drift = max(((a[k] - b[k]).norm() / (a[k].norm() + 1e-8)).item() for k in a if a[k].is_floating_point())
-    assert drift < 0.05, drift
-    single = json.loads((one / "rank-0.json").read_text())["losses"]
-    assert abs(single[0] - ranks[0]["losses"][0]) < 0.5  # the first step's loss: the same rows, split in two
-
-
-RL_SCRIPT = """
-import json, os, sys
+# One torchrun launch per process count runs SFT on slices of the box frame, then every RL stage: each launch starts
+# P interpreters that import torch, the expensive part on a 2-core box.
+SCRIPT = """
+import hashlib, json, os, sys
 import numpy as np, polars as pl, torch
-from learner.config import VLATrainConfig
+from learner.config import VLARecipe, VLATrainConfig
 from learner.offline_rl import OfflineRLConfig, train_offline_rl
 from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.semi_online import SemiOnlineConfig, semi_online_update
+from learner.vla_sft import train_vla
 work, sft, out = sys.argv[1], sys.argv[2], sys.argv[3]
+rank = os.environ.get("RANK", "0")
+
+sft_config = VLATrainConfig(steps=8, batch_size=8, lr=3e-3, warmup_steps=2, seed=0, keep_ratios=(1.0,),
+                            checkpoint_every=4, progress_bar=False, num_threads=1)
+model_config = {"stem_channels": 16, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128}
+trained = train_vla(pl.read_parquet(os.path.join(work, "frame.parquet")),
+                    VLARecipe(model=model_config, vocab_size=300, train=sft_config), os.path.join(out, "sft"))
+state = trained.model.state_dict()
+digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in state.values())).hexdigest()
+os.makedirs(os.path.join(out, "sft"), exist_ok=True)  # rank 0 alone writes the checkpoint there
+with open(os.path.join(out, "sft", f"rank-{rank}.json"), "w") as f:
+    json.dump({"digest": digest, "losses": trained.losses}, f)
+
 train = VLATrainConfig(steps=6, batch_size=8, lr=1e-3, warmup_steps=2, seed=0, keep_ratios=(1.0,), progress_bar=False,
                        checkpoint_every=0, num_threads=1)
 demos = pl.read_parquet(os.path.join(work, "demos.parquet"))
@@ -94,15 +64,15 @@ results = {
     "semi_online": semi_online_update(demos, train, SemiOnlineConfig(rollouts=4, trajectories=8), sft, sft,
                                       os.path.join(out, "semi"))[0],
 }
-if os.environ.get("RANK", "0") == "0":
+if rank == "0":
     with open(os.path.join(out, "losses.json"), "w") as f:
         json.dump({stage: r.losses for stage, r in results.items()}, f)
 """
 
 
-def test_the_rl_stages_on_two_processes_match_one_on_the_same_global_batches(tmp_path):
-    """Offline RL, PPO (anchored) and semi-online RL: each process trains on its rows of the same global batches
-    and the gradients are averaged, so 2 processes end where 1 does (up to how the halves' means combine)."""
+def test_sft_and_the_rl_stages_on_two_processes_match_one_on_the_same_global_batches(tmp_path):
+    """SFT (DDP), offline RL, PPO (anchored) and semi-online RL: each process trains on its rows of the same global
+    batches and the gradients are averaged, so 2 processes end where 1 does (up to how the halves' means combine)."""
     from learner.config import VLARecipe, VLATrainConfig
     from learner.vla_sft import train_vla
     from policy.pruning import PruningConfig
@@ -127,7 +97,8 @@ def test_the_rl_stages_on_two_processes_match_one_on_the_same_global_batches(tmp
         logged.append(logged_row(f"ok-{s}", s, good, 1.0, True, tok.target_ids("Click the box.", good, 16)))
         logged.append(logged_row(f"fail-{s}", s, bad, 0.15, False, tok.target_ids("Click the box.", bad, 16)))
     pl.DataFrame(logged).write_parquet(tmp_path / "logged.parquet")
-    (tmp_path / "rl.py").write_text(RL_SCRIPT)
+    (tmp_path / "rl.py").write_text(SCRIPT)
+    box_frame(16).write_parquet(tmp_path / "frame.parquet")
 
     ends = {}
     for processes in (1, 2):
@@ -139,6 +110,16 @@ def test_the_rl_stages_on_two_processes_match_one_on_the_same_global_batches(tmp
                               env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         ends[processes] = out
+    sft_ranks = [json.loads((ends[2] / "sft" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert sft_ranks[0]["digest"] == sft_ranks[1]["digest"]  # DDP kept the replicas identical
+    assert sft_ranks[0]["losses"][-1] < sft_ranks[0]["losses"][0]  # and they learned
+    a = torch.load(ends[1] / "sft" / "vla_checkpoint.pt", weights_only=True)["model"]  # written once, by rank 0
+    b = torch.load(ends[2] / "sft" / "vla_checkpoint.pt", weights_only=True)["model"]
+    drift = max(((a[k] - b[k]).norm() / (a[k].norm() + 1e-8)).item() for k in a if a[k].is_floating_point())
+    assert drift < 0.05, drift  # the weights agree up to how the two halves' token means combine
+    single = json.loads((ends[1] / "sft" / "rank-0.json").read_text())["losses"]
+    assert abs(single[0] - sft_ranks[0]["losses"][0]) < 0.5  # the first step's loss: the same rows, split in two
+
     losses = {p: json.loads((ends[p] / "losses.json").read_text()) for p in (1, 2)}
     start = torch.load(sft.checkpoint_path, weights_only=True)["model"]
     for stage, folder in (("offline", "offline"), ("ppo", "ppo"), ("semi_online", "semi/ppo")):

@@ -1,6 +1,6 @@
 """Least privilege on the broker (issue 33): the local cluster over SASL_SSL (its own CA, TLS 1.2+, SCRAM), each
 process logged in as its role; every operation a role does not need is refused for every role, and the ones it
-needs work."""
+needs work. The whole flywheel over SASL_SSL, each process as its role: tests/test_continuous.py."""
 
 from __future__ import annotations
 
@@ -137,20 +137,3 @@ def test_the_client_listener_is_tls_with_the_projects_ca_and_refuses_plaintext(c
         make_admin(plaintext, "lp-plain", bootstrap_timeout_ms=5000).close()
     assert (tls_dir(cluster) / "node.pem").stat().st_mode & 0o077 == 0
     assert (cluster.kafka_dir / "roles.json").stat().st_mode & 0o077 == 0
-
-
-@pytest.mark.browser
-def test_the_demo_runs_end_to_end_over_sasl_ssl(tmp_path):
-    """`flywheel demo` on a broker of its own over SASL_SSL: every child logs in as its role (the worker lands
-    the fleet's steps, the learner publishes, the client swaps to the new version) and nothing is refused."""
-    from core.settings import get_settings
-    from flywheel.bench.security import SecurityBenchConfig, run_demo
-
-    demo = "--turns 1 --clients 1 --tasks click-test,click-button --episodes-per-task 4 --sft-steps 5"
-    config = SecurityBenchConfig(out=tmp_path, demo=demo)
-    run = run_demo(config, get_settings(), "SASL_SSL", tmp_path / "sasl_ssl")
-    assert run["steps_landed"] == run["steps_published"] > 0 and run["published"] == ["sft-0001"]
-    logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "sasl_ssl" / "demo").rglob("*.log"))
-    assert "AuthorizationFailed" not in logs
-    server = (tmp_path / "sasl_ssl" / "home" / "kafka" / "server.properties").read_text()  # the broker it ran on
-    assert "listener.security.protocol.map=SASL_SSL:SASL_SSL" in server and "StandardAuthorizer" in server

@@ -37,7 +37,7 @@ def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
     runs = []
     for k in range(config.repeats):
         for mode in MODES:
-            runs.append(run := run_demo(config, settings, mode, config.out / f"{mode.lower()}-{k}"))
+            runs.append(run := run_demo(config, settings, mode, config.out.resolve() / f"{mode.lower()}-{k}"))
             print(f"{mode}: {run['wall_s']:.1f} s, {run['steps_landed']} steps landed", flush=True)
     medians = {mode: statistics.median(r["wall_s"] for r in runs if r["mode"] == mode) for mode in MODES}
     report = {"config": {k: str(v) for k, v in asdict(config).items()}, "machine": machine(), "runs": runs,
@@ -50,7 +50,7 @@ def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
 
 
 def run_demo(config: SecurityBenchConfig, settings: Settings, mode: str, out: Path) -> dict:
-    """One demo in a home of its own (jars shared), on a broker it starts and stops: its wall time and outcome."""
+    """One demo in a home of its own (`out`, absolute), on a broker it starts and stops: wall time, outcome."""
     login = (
         {"sasl_username": "flywheel-admin", "sasl_password": secrets.token_urlsafe(16)} if mode != "PLAINTEXT" else {}
     )
