@@ -80,6 +80,14 @@ class Settings(BaseSettings):
     kafka_nodes: int = Field(
         1, ge=1, description="Nodes of the local cluster, each broker+controller; 3 or more: replication 3, min ISR 2."
     )
+    kafka_edge_listeners: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Extra client listeners per local node, one for each edge client a chaos run can cut off from the "
+        "brokers: listener j of node k binds kafka_edge_port(k, j) and is advertised at the port after it, where the "
+        "run's proxy listens (flywheel.chaos.proxy).",
+    )
     kafka_version: str = Field(
         "4.1.1", pattern=VERSION, description="Apache Kafka release resolved from Maven Central."
     )
@@ -225,6 +233,15 @@ class Settings(BaseSettings):
     def kafka_node_port(self, node: int) -> int:
         """Client port of local node `node` (1-based); its controller listens on the next port."""
         return self.kafka_port + 2 * (node - 1)
+
+    def kafka_edge_port(self, node: int, listener: int) -> int:
+        """Port node `node` binds for edge listener `listener` (0-based), after every node's client and controller
+        ports; it is advertised at the next port, the proxy's."""
+        return self.kafka_port + 2 * self.kafka_nodes + 2 * (listener * self.kafka_nodes + node - 1)
+
+    def edge_bootstrap(self, listener: int) -> str:
+        """Bootstrap servers of edge listener `listener`: every node's proxy port."""
+        return ",".join(f"127.0.0.1:{self.kafka_edge_port(node, listener) + 1}" for node in self.kafka_node_ids)
 
     def local_node_address(self, node: int) -> str:
         # A wildcard listen_host (0.0.0.0, ::) also listens on loopback, the address local processes use.

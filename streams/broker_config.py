@@ -32,6 +32,16 @@ def server_properties(settings: Settings, node: int) -> dict[str, str | int]:
     bind = _url_host(settings.listen_host)
     advertised = bind if settings.listen_host not in ("", "0.0.0.0", "::") else _url_host(socket.getfqdn())
     replicas, min_isr = settings.replication_factor, settings.min_insync_replicas
+    # Edge listeners (chaos runs): the client listener's protocol and logins on ports of their own, advertised at the
+    # port after, where a proxy the run controls forwards, so that one client can be cut off from every node.
+    edges = [f"EDGE{j}" for j in range(settings.kafka_edge_listeners)]
+    edge_ports = dict(zip(edges, (settings.kafka_edge_port(node, j) for j in range(len(edges))), strict=True))
+    clients = [client, *edges]
+    listeners = [f"{client}://{bind}:{port}", f"CONTROLLER://127.0.0.1:{port + 1}",
+                 *(f"{edge}://127.0.0.1:{p}" for edge, p in edge_ports.items())]  # fmt: skip
+    advertised_listeners = [f"{client}://{advertised}:{port}",
+                            *(f"{edge}://127.0.0.1:{p + 1}" for edge, p in edge_ports.items())]  # fmt: skip
+    protocols = [f"{client}:{client}", f"CONTROLLER:{controller}", *(f"{edge}:{client}" for edge in edges)]
     return {
         "process.roles": "broker,controller",
         "node.id": node,
@@ -41,13 +51,13 @@ def server_properties(settings: Settings, node: int) -> dict[str, str | int]:
             f"{voter}@127.0.0.1:{settings.kafka_node_port(voter) + 1}" for voter in settings.kafka_node_ids
         ),
         # The controller listener is for the quorum alone: plaintext, but on loopback whatever listen_host says.
-        "listeners": f"{client}://{bind}:{port},CONTROLLER://127.0.0.1:{port + 1}",
-        "advertised.listeners": f"{client}://{advertised}:{port}",
-        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{controller}",
+        "listeners": ",".join(listeners),
+        "advertised.listeners": ",".join(advertised_listeners),
+        "listener.security.protocol.map": ",".join(protocols),
         "inter.broker.listener.name": client,
         "controller.listener.names": "CONTROLLER",
-        **(_sasl_properties(settings, client) if settings.uses_sasl else {}),
-        **(_tls_properties(settings, client) if settings.uses_ssl else {}),
+        **(_sasl_properties(settings, clients) if settings.uses_sasl else {}),
+        **(_tls_properties(settings, clients) if settings.uses_ssl else {}),
         **(_authorizer_properties(settings) if has_roles(settings) else {}),
         "log.dirs": str(node_dir(settings, node) / "data"),
         # Topics created with replication factor -1 (streams.topics via ensure_topics, faust's) get this one.
@@ -104,8 +114,8 @@ def checked_username(user: str) -> str:
     return user
 
 
-def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
-    """SASL on the client listener; the broker logs in to itself (inter-broker) as settings.sasl_username.
+def _sasl_properties(settings: Settings, listeners: list[str]) -> dict[str, str]:
+    """SASL on the client listeners; the broker logs in to itself (inter-broker) as settings.sasl_username.
 
     The JAAS config is a password-type config: Kafka prints it as [hidden]. The file holding it is mode 0600.
     """
@@ -119,7 +129,6 @@ def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
         # SCRAM checks against the credentials in the metadata log (written by streams.broker_storage).
         login_module = f"org.apache.kafka.common.security.scram.ScramLoginModule required {login};"
         mechanisms = dict.fromkeys(SCRAM_MECHANISMS, login_module)
-    prefix = f"listener.name.{listener.lower()}"
     # The quorum's listener logs in too, with PLAIN (KRaft controllers cannot check SCRAM: its credentials live in
     # the metadata they serve). Without it, the controller port would answer as ANONYMOUS, which must then be a
     # super user, and any local process could administer the cluster through it.
@@ -128,7 +137,11 @@ def _sasl_properties(settings: Settings, listener: str) -> dict[str, str]:
     return {
         "sasl.enabled.mechanisms": ",".join(mechanisms),
         "sasl.mechanism.inter.broker.protocol": settings.sasl_mechanism,
-        **{f"{prefix}.{mechanism.lower()}.sasl.jaas.config": jaas for mechanism, jaas in mechanisms.items()},
+        **{
+            f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config": jaas
+            for name in listeners
+            for mechanism, jaas in mechanisms.items()
+        },
         "sasl.mechanism.controller.protocol": "PLAIN",
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
         "listener.name.controller.plain.sasl.jaas.config": controller_login,
@@ -140,19 +153,22 @@ def has_roles(settings: Settings) -> bool:
     return settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS
 
 
-def _tls_properties(settings: Settings, listener: str) -> dict[str, str]:
-    """TLS on the client listener: the node's PEM keystore (streams.tls), and the CA it trusts as a client of the
-    other nodes (inter-broker traffic goes over this listener, hostname checked)."""
+def _tls_properties(settings: Settings, listeners: list[str]) -> dict[str, str]:
+    """TLS on the client listeners: the node's PEM keystore (streams.tls), and the CA it trusts as a client of the
+    other nodes (inter-broker traffic goes over the first listener, hostname checked)."""
     files = ensure_tls(settings)
-    prefix = f"listener.name.{listener.lower()}"
-    return {
-        f"{prefix}.ssl.keystore.type": "PEM",
-        f"{prefix}.ssl.keystore.location": str(files.keystore),
-        f"{prefix}.ssl.truststore.type": "PEM",
-        f"{prefix}.ssl.truststore.location": str(files.ca),
-        f"{prefix}.ssl.endpoint.identification.algorithm": "https",
-        f"{prefix}.ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
-    }
+    properties = {}
+    for listener in listeners:
+        prefix = f"listener.name.{listener.lower()}"
+        properties |= {
+            f"{prefix}.ssl.keystore.type": "PEM",
+            f"{prefix}.ssl.keystore.location": str(files.keystore),
+            f"{prefix}.ssl.truststore.type": "PEM",
+            f"{prefix}.ssl.truststore.location": str(files.ca),
+            f"{prefix}.ssl.endpoint.identification.algorithm": "https",
+            f"{prefix}.ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
+        }
+    return properties
 
 
 def _authorizer_properties(settings: Settings) -> dict[str, str]:

@@ -151,7 +151,8 @@ def _refuse_busy_ports(settings: Settings, nodes: list[int]) -> None:
     client_host = settings.local_node_address(1).rpartition(":")[0].strip("[]")
     for node in nodes:
         port = settings.kafka_node_port(node)
-        for host, busy in ((client_host, port), ("127.0.0.1", port + 1)):
+        edges = [("127.0.0.1", settings.kafka_edge_port(node, j)) for j in range(settings.kafka_edge_listeners)]
+        for host, busy in ((client_host, port), ("127.0.0.1", port + 1), *edges):
             with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
                 if sock.connect_ex((host, busy)) == 0:
                     raise BrokerError(f"port {busy} is already in use by another process; set FLYWHEEL_KAFKA_PORT")

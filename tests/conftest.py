@@ -30,7 +30,8 @@ def isolated_broker_settings(home: Path, prefix: str, **overrides) -> Settings:
     settings = Settings(
         home=home,
         data_dir=home / "data",
-        kafka_port=free_ports(2 * overrides.get("kafka_nodes", 1)),  # each node: client and controller port
+        # Each node: client and controller port, and two more per edge listener (its own, its proxy's).
+        kafka_port=free_ports(2 * overrides.get("kafka_nodes", 1) * (1 + overrides.get("kafka_edge_listeners", 0))),
         topic_prefix=f"{prefix}-{uuid.uuid4().hex[:8]}",
         bootstrap_servers="",
         **overrides,

@@ -16,10 +16,11 @@ from kafka.admin import ResourceType as Resource
 from kafka.errors import KafkaError
 
 from core.settings import Settings
+from flywheel.chaos.proxy import Proxy
 from flywheel.run.stack import local_stack
 from streams.kafka_clients import make_admin, make_consumer, make_producer
 from streams.roles import ROLES, role_settings, role_user
-from streams.tls import tls_dir
+from streams.tls import local_cafile, tls_dir
 from streams.topics import topics_for
 from tests.conftest import isolated_broker_settings
 
@@ -31,6 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     settings = isolated_broker_settings(
         tmp_path_factory.mktemp("flywheel-tls"), "tls", security_protocol="SASL_SSL",
         sasl_mechanism="SCRAM-SHA-512", sasl_username="flywheel-admin", sasl_password=uuid.uuid4().hex,
+        kafka_edge_listeners=1,  # an edge client's own listener, behind a proxy (flywheel.chaos.proxy)
     )  # fmt: skip
     with local_stack(settings, settings.home / "logs", worker=False) as stack:
         yield stack.settings
@@ -137,3 +139,30 @@ def test_the_client_listener_is_tls_with_the_projects_ca_and_refuses_plaintext(c
         make_admin(plaintext, "lp-plain", bootstrap_timeout_ms=5000).close()
     assert (tls_dir(cluster) / "node.pem").stat().st_mode & 0o077 == 0
     assert (cluster.kafka_dir / "roles.json").stat().st_mode & 0o077 == 0
+
+
+def test_an_edge_client_behind_its_proxy_is_cut_off_and_comes_back_with_its_role_only(cluster):
+    """The edge listener is the client listener's twin (TLS, SCRAM, the same ACLs), advertised at the proxy's port,
+    so a cut of the proxy is a cut from every node: a send then fails; after the restore it goes through."""
+    node_port = cluster.kafka_edge_port(1, 0)
+    proxy = Proxy(node_port + 1, node_port).start()
+    edge = role_settings(cluster, "edge").model_copy(
+        update={"bootstrap_servers": cluster.edge_bootstrap(0), "ssl_cafile": local_cafile(cluster)}
+    )  # as the stack's children see it: an external cluster, the CA named
+    steps, versions = topics_for(cluster).steps.name, topics_for(cluster).model_versions.name
+    try:
+        produce(edge, steps)
+        assert proxy.connections >= 2  # bootstrap and the node it advertised: both through the proxy
+        with pytest.raises(KafkaError):
+            produce(edge, versions)  # the same ACLs on this listener
+        producer = make_producer(edge, "lp-cut")  # connected before the cut: its connections are reset
+        proxy.cut()
+        try:
+            with pytest.raises(KafkaError):
+                producer.send(steps, key=b"k", value=b"v", partition=0).get(timeout=8)
+        finally:
+            producer.close(timeout=1)
+        proxy.restore()
+        produce(edge, steps)
+    finally:
+        proxy.close()

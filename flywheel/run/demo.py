@@ -175,14 +175,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     run_s = 60 * config.minutes
     state_path = stack.settings_of("learner").learner_dir / "daemon" / "state.json"  # learner.daemon.DaemonState
     learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
-    learner = stack.start("learner", [
-        "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
-        "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
-        "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
-        "--guidance", config.guidance, "--poll-s", "2", "--curriculum", config.curriculum,
-        "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
-        "--self-imitation-top-k", str(config.top_k),
-    ], cpus=learner_cpus, role="learner")  # fmt: skip
+    learner = stack.start("learner", learner_args(config), cpus=learner_cpus, role="learner")
     if fleet_cpus:
         for worker in stack.workers:
             pin_process(worker.proc.pid, fleet_cpus)
@@ -194,11 +187,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         FleetRun(
             name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
             episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
-            edge_args=("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-                       "--repeats", str(config.repeats), "--seeds-per-visit", str(config.seeds_per_visit),
-                       "--stop-after-s", str(run_s),
-                       "--teacher-budget", str(config.teacher_budget),
-                       "--teacher-per-hour", str(config.teacher_per_hour)),
+            edge_args=fleet_edge_args(config, run_s),
             cpus=fleet_cpus,
         ),
         stack, config.out,
@@ -239,6 +228,27 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         "steps_in_delta": fleet.steps_in_delta,
         "model_versions_run": fleet.model_versions,
     }
+
+
+def learner_args(config: DemoConfig) -> list[str]:
+    """`flywheel learner ...`: the daemon of a continuous run."""
+    return [
+        "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
+        "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
+        "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
+        "--guidance", config.guidance, "--poll-s", "2", "--curriculum", config.curriculum,
+        "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
+        "--self-imitation-top-k", str(config.top_k),
+    ]  # fmt: skip
+
+
+def fleet_edge_args(config: DemoConfig, run_s: float) -> tuple[str, ...]:
+    """The `flywheel edge` flags of a continuous run's fleet: experts until a first version, then sampling."""
+    return ("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
+            "--repeats", str(config.repeats), "--seeds-per-visit", str(config.seeds_per_visit),
+            "--stop-after-s", str(run_s),
+            "--teacher-budget", str(config.teacher_budget),
+            "--teacher-per-hour", str(config.teacher_per_hour))  # fmt: skip
 
 
 def per_point(labels: int, greedy: dict | None) -> float | None:
