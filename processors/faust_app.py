@@ -8,7 +8,7 @@ import faust
 
 from core.settings import Settings
 from processors import faust_transport
-from streams.kafka_clients import hide_secret_in_logs, ssl_context
+from streams.kafka_clients import DEAD_LETTER_MAX_BYTES, hide_secret_in_logs, ssl_context
 from streams.topics import topics_for
 
 
@@ -51,6 +51,7 @@ def make_app(settings: Settings, app_id: str = "flywheel-processors") -> faust.A
         topic_partitions=settings.topic_partitions,
         web_enabled=False,  # /metrics is served by prometheus_client instead
         producer_acks=-1,
+        producer_max_request_size=DEAD_LETTER_MAX_BYTES,  # the largest record a worker sends: a dead letter
         broker_commit_every=200,
         broker_commit_interval=1.0,
         # A dead worker's partitions move after the session timeout (faust's default 60 s would stall

@@ -15,6 +15,10 @@ from core.settings import Settings
 from streams.tls import local_cafile
 
 MAX_REQUEST_BYTES = 2 * 1024 * 1024  # the topics allow 2 MiB messages (streams.topics)
+# A dead letter is the original bytes (anything the steps topic took, up to 2 MiB) plus its reason in headers: its
+# topic and the workers' producer allow that much more, or a large poison event could not be dead-lettered and
+# would stop every worker that meets it (found by `flywheel chaos`).
+DEAD_LETTER_MAX_BYTES = MAX_REQUEST_BYTES + 64 * 1024
 
 
 # Client loggers that print the password at DEBUG: kafka-python's admin client logs its whole configuration,

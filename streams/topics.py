@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.settings import Settings
+from streams.kafka_clients import DEAD_LETTER_MAX_BYTES, MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,13 @@ class Topics:
 
 def topics_for(settings: Settings) -> Topics:
     prefix = settings.topic_prefix
-    retention = {"retention.ms": str(settings.topic_retention_ms), "max.message.bytes": str(2 * 1024 * 1024)}
+    retention = {"retention.ms": str(settings.topic_retention_ms), "max.message.bytes": str(MAX_REQUEST_BYTES)}
     return Topics(
         steps=TopicSpec(f"{prefix}.steps", settings.topic_partitions, retention),
         episodes=TopicSpec(f"{prefix}.episodes", settings.topic_partitions, retention),
         model_versions=TopicSpec(f"{prefix}.model_versions", 1, {"cleanup.policy": "compact"}),
-        dead_letters=TopicSpec(f"{prefix}.dead_letters", 1, retention),
+        dead_letters=TopicSpec(
+            f"{prefix}.dead_letters", 1, retention | {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
+        ),  # fmt: skip
         rollout_decisions=TopicSpec(f"{prefix}.rollout_decisions", 1, {}),
     )
