@@ -308,6 +308,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if all(p["steps_in_delta"] == p["steps_published"] for p in phases) else 1
 
 
+def _chaos(p: argparse.ArgumentParser) -> None:
+    from flywheel.chaos.run import ChaosConfig
+
+    add_config_arguments(p, ChaosConfig, parse=TASKS)
+    p.set_defaults(func=cmd_chaos)
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from flywheel.chaos.run import ChaosConfig, run_chaos
+
+    report = run_chaos(config_from(args, ChaosConfig), get_settings())
+    return 0 if report["ledger_ok"] and report["all_recovered"] else 1
+
+
 def _status(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus URL for the live rates")
     p.set_defaults(func=cmd_status)
@@ -468,6 +482,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "experiment": ("arms trained on the same demonstrations, evaluated side by side (ablations, curves)", _experiment),
     "canary": ("promote or roll back the canary version by live success", _canary),
     "demo": ("run N turns of the whole flywheel and write DIR/report.json", _demo),
+    "chaos": ("the continuous flywheel under a seeded fault schedule, then the ledger check: DIR/chaos.json", _chaos),
     "status": ("one screen: fleet, pipeline, learner, success by task and model version", _status),
     "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
     "dlq": ("list the dead letters (reason, detail, source offset, size)", _dlq),
@@ -491,7 +506,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
-ORCHESTRATORS = {"demo", "demonstrations", "release", "experiment", "bench"}  # commands that start processes
+ORCHESTRATORS = {"demo", "demonstrations", "release", "experiment", "bench", "chaos"}  # commands that start processes
 
 
 def main(argv: list[str] | None = None) -> int:

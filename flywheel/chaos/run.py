@@ -1,0 +1,466 @@
+"""`flywheel chaos`: the continuous flywheel on a 3-node cluster with two faust workers, faults struck on a seeded
+schedule (flywheel.chaos.schedule), then the ledger check (flywheel.chaos.ledger).
+
+    edge client k --(its own listener, behind proxy k: the cut)--> 3 Kafka nodes --> 2 faust workers --> Delta
+        ^                                                                                                   |
+        +--------------------- signed versions <-- learner daemon (killed and restarted) <----------------+
+
+Each fault is struck, then watched until the flywheel shows it recovered (the pipeline lands steps again, the
+learner publishes again, the cut client's spooled steps are in Delta, ...): DIR/chaos.json has each strike's time
+and its time to recover (None: it did not within the run), the ledger's figures and the fleet's longest idle gap;
+DIR/chaos.png the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import polars as pl
+
+from core.console import jsonable, say
+from core.processes import Child, free_ports, wait_until
+from core.settings import TIER1_TASKS, Settings
+from flywheel.chaos.ledger import (
+    check_dead_letters,
+    check_episodes,
+    check_steps,
+    check_versions,
+    ledger_ok,
+    read_client_ledgers,
+)
+from flywheel.chaos.proxy import Proxy
+from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
+from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args
+from flywheel.run.stack import LocalStack, local_stack
+from lake.queries import scan_table, step_count
+from lake.tables import STEPS
+from registry.store import read_manifests
+from streams import topic_admin
+from streams.broker_jars import share_jars
+from streams.kafka_clients import make_producer
+from streams.roles import role_settings, uses_roles
+from streams.topics import topics_for
+
+PREFIX = "f-"  # the fleet's client ids start with it
+
+
+@dataclass
+class ChaosConfig:
+    minutes: float = 30.0
+    """Length of the run (the clients stop acting then; the drain and the ledger check follow)."""
+    out: Path = Path("runs/chaos")
+    """Where chaos.json, chaos.png and the logs go."""
+    seed: int = 0
+    """Seeds the schedule: the same seed strikes the same faults at the same moments."""
+    faults: str = ",".join(FAULTS)
+    """Comma-separated faults to strike (flywheel.chaos.schedule.FAULTS)."""
+    repeats: int = 2
+    """Strikes of each fault."""
+    clients: int = 2
+    """Edge clients, each behind its own proxy."""
+    cut_s: float = 60.0
+    """How long a cut client is cut off from every broker node."""
+    warmup_s: float = 240.0
+    """No strike before this: the experts' demonstrations land and the learner publishes a first version."""
+    recover_s: float = 60.0
+    """The schedule leaves at least this between a strike and the next (its slot's end)."""
+    recover_timeout_s: float = 600.0
+    """A strike not recovered within this counts as not recovered."""
+    tasks: tuple[str, ...] = TIER1_TASKS[:6]
+    """Tasks the fleet runs."""
+    sft_steps: int = 300
+    """SFT steps of the learner's first version."""
+
+
+@dataclass
+class Record:
+    fault: str
+    at_s: float
+    detail: str = ""
+    recovered_after_s: float | None = None
+
+
+@dataclass
+class Watch:
+    record: Record
+    struck: float  # monotonic
+    recovered: Callable[[], bool]
+
+
+@dataclass
+class ChaosRun:
+    config: ChaosConfig
+    stack: LocalStack
+    started: float
+    clients: list[Child] = field(default_factory=list)
+    proxies: list[list[Proxy]] = field(default_factory=list)
+    learners: list[Child] = field(default_factory=list)
+    incarnations: list[int] = field(default_factory=list)
+    injected: list[bytes] = field(default_factory=list)
+    watches: list[Watch] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    restores: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def settings(self) -> Settings:
+        return self.stack.settings
+
+    def now_s(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def ledger(self, k: int) -> Path:
+        return self.config.out / "ledgers" / f"client{k}.txt"
+
+    def owed(self, k: int) -> int:
+        path = self.ledger(k)
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def landed(self, prefix: str = PREFIX) -> int:
+        return step_count(self.settings.tables_dir, prefix)
+
+    def versions(self) -> int:
+        path = self.stack.settings.learner_dir / "daemon" / "state.json"
+        return len(json.loads(path.read_text())["versions"]) if path.exists() else 0
+
+
+def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
+    config = replace(config, out=config.out.resolve())
+    config.out.mkdir(parents=True, exist_ok=True)
+    (config.out / "ledgers").mkdir(exist_ok=True)
+    faults = tuple(f for f in config.faults.split(",") if f)
+    schedule = make_schedule(
+        config.minutes, config.seed, config.repeats, faults, warmup_s=config.warmup_s, recover_s=config.recover_s
+    )
+    home = config.out / "home"
+    nodes, listeners = 3, config.clients
+    run_settings = settings.model_copy(update={
+        "home": home, "bootstrap_servers": "", "kafka_nodes": nodes, "kafka_edge_listeners": listeners,
+        "kafka_port": free_ports(2 * nodes * (1 + listeners)),
+    })  # fmt: skip
+    share_jars(run_settings, settings)  # the jars of the caller's home, fetched there once
+    say(f"chaos: {len(schedule)} strikes over {config.minutes} min (seed {config.seed}): "
+        + ", ".join(f"{s.fault}@{s.at_s:.0f}s" for s in schedule))  # fmt: skip
+    with local_stack(run_settings, config.out / "logs", run="chaos", data_dir=config.out / "data") as stack:
+        stack.start_worker()
+        run = ChaosRun(config, stack, time.monotonic(), rng=random.Random(config.seed))
+        try:
+            start_fleet(run)
+            drive(run, schedule)
+            drain(run)
+        finally:
+            for client in run.clients:
+                client.stop()
+            for learner in run.learners:
+                learner.stop()
+            for proxies in run.proxies:
+                for proxy in proxies:
+                    proxy.close()
+        report = check(run)
+    (config.out / "chaos.json").write_text(json.dumps(report, indent=2))
+    plot_timeline(config.out / "chaos.png", report)
+    say(f"chaos: ledger {'ok' if report['ledger_ok'] else 'FAILED'}; every fault recovered: "
+        f"{report['all_recovered']}; longest fleet idle {report['fleet']['longest_idle_s']} s; "
+        f"versions {report['ledger']['versions']['published']}; {config.out / 'chaos.json'}")  # fmt: skip
+    return report
+
+
+def demo_config(config: ChaosConfig) -> DemoConfig:
+    return DemoConfig(minutes=config.minutes, clients=config.clients, tasks=config.tasks, sft_steps=config.sft_steps,
+                      min_demos=48, every_minutes=2.0)  # fmt: skip
+
+
+def start_fleet(run: ChaosRun) -> None:
+    settings = run.settings
+    for k in range(run.config.clients):
+        run.proxies.append([Proxy(p + 1, p).start() for p in (settings.kafka_edge_port(n, k)
+                                                               for n in settings.kafka_node_ids)])  # fmt: skip
+        run.incarnations.append(0)
+        run.clients.append(start_client(run, k))
+    run.learners.append(run.stack.start("learner", learner_args(demo_config(run.config)), role="learner"))
+
+
+def start_client(run: ChaosRun, k: int) -> Child:
+    """Client k (a new incarnation after a restart: new client id, so its episode ids are its own), connected
+    through its proxies only."""
+    n, remaining_s = run.incarnations[k], max(10.0, 60 * run.config.minutes - (time.monotonic() - run.started))
+    client_id = f"{PREFIX}c{k}" + (f"r{n}" if n else "")
+    return run.stack.start(f"client{k}-{n}", [
+        "edge", "--client-id", client_id, "--tasks", ",".join(run.config.tasks), "--episodes", "1000000",
+        "--policy", "model", "--max-steps", "10", "--seed", str(1000 * k + 100_000 * n),
+        "--summary", str(run.config.out / f"client{k}-{n}.json"), "--ledger-path", str(run.ledger(k)),
+        *fleet_edge_args(demo_config(run.config), remaining_s),
+    ], env={"FLYWHEEL_BOOTSTRAP_SERVERS": run.settings.edge_bootstrap(k)}, role="edge")  # fmt: skip
+
+
+def drive(run: ChaosRun, schedule: list[Strike]) -> None:
+    """Strike on schedule; watch each strike until it recovers; undo timed faults (a cut) when due."""
+    pending, end = list(schedule), run.started + 60 * run.config.minutes
+    last_check = 0.0
+    while time.monotonic() < end or any(c.running() for c in run.clients):
+        now = time.monotonic()
+        while pending and now - run.started >= pending[0].at_s:
+            strike = pending.pop(0)
+            record = Record(strike.fault, run.now_s())
+            run.records.append(record)
+            say(f"chaos @{record.at_s:.0f}s: {strike.fault}")
+            try:
+                recovered = STRIKES[strike.fault](run, record)
+            except Exception as error:  # noqa: BLE001 - a strike that cannot be struck is a finding, not a crash
+                record.detail = f"not struck: {error!r}"
+                continue
+            run.watches.append(Watch(record, now, recovered))
+        for due, undo in [r for r in run.restores if r[0] <= now]:
+            run.restores.remove((due, undo))
+            undo()
+        if now - last_check > 5:
+            last_check = now
+            for watch in list(run.watches):
+                if watch.recovered():
+                    watch.record.recovered_after_s = round(time.monotonic() - watch.struck, 1)
+                    say(f"chaos: {watch.record.fault} @{watch.record.at_s:.0f}s recovered after "
+                        f"{watch.record.recovered_after_s} s")  # fmt: skip
+                    run.watches.remove(watch)
+                elif time.monotonic() - watch.struck > run.config.recover_timeout_s:
+                    run.watches.remove(watch)
+        if not run.learners[-1].running() and not any(w.record.fault == "kill_learner" for w in run.watches):
+            raise RuntimeError(f"the learner died on its own:\n{run.learners[-1].tail()}")
+        time.sleep(1)
+
+
+# --- the strikes: each does its harm and returns the test that it has recovered -------------------------------
+
+
+def kill_worker(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL one worker's faust process mid-batch; its supervisor (`flywheel process`) starts it again."""
+    worker = run.rng.choice(run.stack.workers)
+    victim = _children(worker.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    record.detail, before = f"{worker.name}: faust pid {victim}", run.landed()
+    return lambda: bool(set(_children(worker.proc.pid)) - {victim}) and run.landed() > before
+
+
+def kill_leader(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL the node leading steps partition 0; start it again 15 s later."""
+    steps = topics_for(run.settings).steps.name
+    node = topic_admin.partitions(run.settings, steps)[0].leader
+    run.stack.stop_node(node, signal.SIGKILL)
+    run.restores.append((time.monotonic() + 15, lambda: run.stack.start_node(node)))
+    record.detail, before = f"node {node}", run.landed()
+
+    def back() -> bool:
+        if node in run.stack.nodes_stopped:
+            return False
+        in_sync = all(node in p.isr for p in topic_admin.partitions(run.settings, steps).values())
+        return in_sync and run.landed() > before
+
+    return back
+
+
+def kill_learner(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL the learner daemon (it is training all the time but when it polls); start it again at once with the
+    same flags: it must continue from its state, and publish again."""
+    learner = run.learners[-1]
+    learner.stop(signal.SIGKILL, timeout=5)
+    published = run.versions()
+    run.learners.append(run.stack.start(f"learner-{len(run.learners)}", learner_args(demo_config(run.config)),
+                                        role="learner"))  # fmt: skip
+    record.detail = f"after {published} versions"
+    return lambda: run.versions() > published
+
+
+def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """Cut one client off from every node for cut_s; it spools, and replays when the proxies are back."""
+    k = run.rng.randrange(run.config.clients)
+    for proxy in run.proxies[k]:
+        proxy.cut()
+    restored: list[int] = []
+
+    def restore() -> None:
+        for proxy in run.proxies[k]:
+            proxy.restore()
+        restored.append(run.owed(k))
+
+    run.restores.append((time.monotonic() + run.config.cut_s, restore))
+    record.detail = f"client {k} for {run.config.cut_s:.0f} s"
+    return lambda: bool(restored) and run.landed(f"{PREFIX}c{k}") >= restored[0]
+
+
+def kill_browser(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL the chromium under one client: its env starts a new browser at the next episode."""
+    k = run.rng.randrange(run.config.clients)
+    browsers = [p for p in _descendants(run.clients[k].proc.pid) if _is_browser_main(p)]
+    if not browsers:
+        raise RuntimeError(f"no chromium runs under client {k}")
+    for pid in browsers:
+        os.kill(pid, signal.SIGKILL)
+    record.detail, before = f"client {k}: chromium {browsers}", run.owed(k)
+    return lambda: run.owed(k) > before + 1
+
+
+def corrupt_artifact(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """Flip a byte of the newest artifact in the store and start one client anew, so it fetches that version: it
+    must refuse it and keep acting. The store is repaired after 30 s, as an operator would."""
+    manifest = read_manifests(run.settings.artifacts_dir)[-1]
+    files, uri = run.settings.files(), manifest["artifact_uri"]
+    good = files.read(uri)
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    files.write(uri, bytes(bad))
+    k = run.rng.randrange(run.config.clients)
+    run.clients[k].stop()
+    run.incarnations[k] += 1
+    run.clients[k] = start_client(run, k)
+    run.restores.append((time.monotonic() + 30, lambda: files.write(uri, good)))
+    record.detail, log, before = f"{manifest['version']}, client {k} restarted", run.clients[k].log_path, run.owed(k)
+    return lambda: "refusing model" in log.read_text(errors="replace") and run.owed(k) > before
+
+
+def bad_events(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """A burst of malformed and oversized events on the steps topic, as a broken client (the edge role) sends."""
+    burst = [b"", b"\x00\xff garbage", b'{"kind": "step", "event_id": 7', json.dumps({"kind": "nope"}).encode(),
+             os.urandom(256), b"x" * (1536 * 1024)]  # fmt: skip
+    burst = [value + f" #{len(run.injected) + i}".encode() for i, value in enumerate(burst)]  # each one distinct
+    login = role_settings(run.settings, "edge") if uses_roles(run.settings) else run.settings
+    producer = make_producer(login, "chaos-bad-events")
+    try:
+        for value in burst:
+            producer.send(topics_for(run.settings).steps.name, key=b"chaos", value=value).get(timeout=60)
+    finally:
+        producer.close(timeout=10)
+    run.injected.extend(burst)
+    record.detail = f"{len(burst)} events, the largest {max(map(len, burst))} bytes"
+    return lambda: _dead_letters(run) >= len(run.injected)
+
+
+STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
+    "kill_worker": kill_worker, "kill_leader": kill_leader, "kill_learner": kill_learner, "cut_client": cut_client,
+    "kill_browser": kill_browser, "corrupt_artifact": corrupt_artifact, "bad_events": bad_events,
+}  # fmt: skip
+
+
+# --- the end: drain, ledger, figures ---------------------------------------------------------------------------
+
+
+def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
+    """Wait until every step the clients owe is in Delta (or the timeout: the ledger then says what is missing)."""
+    owed = sum(run.owed(k) for k in range(run.config.clients))
+    try:
+        wait_until(lambda: run.landed() >= owed, timeout_s, interval=5, what=f"{owed} owed steps in Delta")
+        time.sleep(15)  # the episodes of the last steps, scored and sunk
+    except TimeoutError as error:
+        say(f"chaos: {error}")
+
+
+def check(run: ChaosRun) -> dict:
+    from flywheel.ops.dlq import read_dead_letters
+
+    settings = run.settings
+    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.clients))
+    letters = [letter.value for letter in read_dead_letters(settings)]
+    versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
+    ledger = {"steps": check_steps(settings.tables_dir, owed), "episodes": check_episodes(settings.tables_dir, owed),
+              "dead_letters": check_dead_letters(letters, run.injected), "versions": versions}  # fmt: skip
+    kills = [r.at_s for r in run.records if r.fault == "kill_learner"]
+    published = _published_at(run)
+    return {
+        "config": jsonable(asdict(run.config)),
+        "faults": [asdict(r) for r in run.records],
+        "all_recovered": all(r.recovered_after_s is not None for r in run.records),
+        "ledger": ledger,
+        "ledger_ok": ledger_ok(ledger),
+        "versions_after_each_learner_kill": [sum(t > at for t in published) for at in kills],
+        "fleet": fleet_idle(run),
+        "published_at_s": published,
+    }
+
+
+def fleet_idle(run: ChaosRun) -> dict:
+    """The fleet's longest gap with no client acting, from the steps it landed (each episode's first to last
+    step)."""
+    steps = scan_table(run.settings.tables_dir, STEPS)
+    if steps is None:
+        return {"longest_idle_s": None}
+    spans = (steps.filter(pl.col("client_id").str.starts_with(PREFIX)).group_by("episode_id")
+             .agg(pl.col("produced_at").min().alias("a"), pl.col("produced_at").max().alias("b"))
+             .sort("a").collect())  # fmt: skip
+    longest, reach = 0.0, None
+    for a, b in zip(spans["a"], spans["b"], strict=True):
+        if reach is not None and a > reach:
+            longest = max(longest, a - reach)
+        reach = b if reach is None else max(reach, b)
+    return {"longest_idle_s": round(longest, 1), "episodes": len(spans)}
+
+
+def _published_at(run: ChaosRun) -> list[float]:
+    """Seconds into the run of each published version."""
+    wall_start = time.time() - (time.monotonic() - run.started)
+    return [round(m["produced_at"] - wall_start, 1) for m in read_manifests(run.settings.artifacts_dir)]
+
+
+def _dead_letters(run: ChaosRun) -> int:
+    from flywheel.ops.dlq import read_dead_letters
+
+    return len(read_dead_letters(run.settings))
+
+
+def _children(pid: int) -> list[int]:
+    """Children of every thread of `pid` (chromedriver starts chromium from a thread other than its main one)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = _children(frontier.pop())
+        found += kids
+        frontier += kids
+    return found
+
+
+def _is_browser_main(pid: int) -> bool:
+    """A chromium browser process, not one of its helpers (whose command lines carry --type=; chromium rewrites
+    its helpers' titles into one space-separated string, so the whole line is searched)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    name = Path(cmdline.replace(b"\0", b" ").split(b" ")[0].decode(errors="replace")).name
+    return "chrom" in name and "chromedriver" not in name and b"--type=" not in cmdline
+
+
+def plot_timeline(path: Path, report: dict) -> None:
+    """Each strike as a bar from its time to its recovery (red: not recovered), versions published as ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    faults = sorted({f["fault"] for f in report["faults"]})
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * len(faults)), dpi=110)
+    for f in report["faults"]:
+        y, width = faults.index(f["fault"]), f["recovered_after_s"]
+        ax.barh(y, width if width is not None else 30, left=f["at_s"], height=0.5,
+                color="tab:green" if width is not None else "tab:red")  # fmt: skip
+    for t in report["published_at_s"]:
+        ax.axvline(t, color="tab:blue", alpha=0.3, lw=1)
+    ax.set_yticks(range(len(faults)), faults)
+    ax.set_xlabel("seconds into the run (bars: strike to recovery; blue lines: versions published)")
+    ax.set_title(f"chaos: ledger {'ok' if report['ledger_ok'] else 'FAILED'}, longest fleet idle "
+                 f"{report['fleet']['longest_idle_s']} s")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
