@@ -37,6 +37,7 @@ from flywheel.chaos.ledger import (
 )
 from flywheel.chaos.proxy import Proxy
 from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
+from flywheel.ops.dlq import read_dead_letters
 from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import scan_table, step_count
@@ -360,8 +361,6 @@ def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
 
 
 def check(run: ChaosRun) -> dict:
-    from flywheel.ops.dlq import read_dead_letters
-
     settings = run.settings
     owed = read_client_ledgers(run.ledger(k) for k in range(run.config.clients))
     letters = [letter.value for letter in read_dead_letters(settings)]
@@ -406,8 +405,6 @@ def _published_at(run: ChaosRun) -> list[float]:
 
 
 def _dead_letters(run: ChaosRun) -> int:
-    from flywheel.ops.dlq import read_dead_letters
-
     return len(read_dead_letters(run.settings))
 
 
