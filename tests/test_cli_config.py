@@ -160,10 +160,11 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.maintenance import MaintenanceBenchConfig
     from flywheel.bench.pipeline import BenchConfig
     from flywheel.bench.security import SecurityBenchConfig
+    from flywheel.chaos.run import ChaosConfig
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
-    from flywheel.run.demo import DemoConfig
+    from flywheel.run.config import DemoConfig
     from flywheel.run.release import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
     from learner.daemon import DaemonConfig
@@ -171,7 +172,8 @@ def config_classes() -> dict[str, type]:
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig)  # fmt: skip
+               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
+               ChaosConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
