@@ -25,6 +25,8 @@ class Proxy:
         return self._listener is None
 
     def start(self) -> Proxy:
+        if self._listener is not None:  # restoring a proxy that is not cut leaves it as it is
+            return self
         listener = socket.create_server((self.host, self.front), reuse_port=False)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener = listener
@@ -40,8 +42,14 @@ class Proxy:
             sockets, self._open = self._open, set()
         if listener is not None:
             _close(listener)
+        # Every socket set to linger 0 before any is closed: closing one wakes its pump, which closes its peer, and a
+        # pump may be closing one on its own right now; either way setsockopt meets a closed socket (EBADF).
         for sock in sockets:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        for sock in sockets:
             _close(sock)
 
     close = cut
