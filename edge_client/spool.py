@@ -170,7 +170,11 @@ class SpoolingPublisher:
         self._wake.set()
         self._thread.join(timeout=self.send_timeout_s + 5)
         if self._producer is not None:
-            self._producer.close(timeout=5)
+            try:
+                self._producer.close(timeout=5)
+            except KafkaError as error:  # Kafka still unreachable: what it held is still spooled, sent next run
+                log.warning("kafka unreachable at close (%s); %d events stay spooled", type(error).__name__,
+                            self.depth())  # fmt: skip
         self.spool.close()
         return self.depth()
 

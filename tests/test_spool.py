@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from kafka import TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from core.processes import wait_until
-from edge_client.spool import Spool, SpoolFull
+from edge_client.spool import Spool, SpoolFull, SpoolingPublisher
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
 from streams.kafka_clients import make_consumer
@@ -46,6 +47,27 @@ def test_full_spool_refuses_clearly_and_keeps_what_it_has(tmp_path):
     with pytest.raises(SpoolFull, match="bound is 100"):
         spool.append("t", b"k", b"y" * 50)
     assert [r.value for r in spool.pending(10)] == [b"x" * 50]
+
+
+class CutOffProducer:
+    """A producer whose broker went away after it took the records: flush and close time out, as kafka-python's do
+    (record_accumulator.await_flush_completion) when its only route to the cluster is cut."""
+
+    def send(self, topic, key, value):
+        return None
+
+    def flush(self, timeout=None):
+        raise KafkaTimeoutError("Timeout waiting for future")
+
+    close = flush
+
+
+def test_closing_while_cut_off_keeps_the_events_spooled_for_the_next_run(tmp_path):
+    publisher = SpoolingPublisher(Spool(tmp_path, max_bytes=1 << 20), CutOffProducer, send_timeout_s=0.2)
+    for i in range(3):
+        publisher.publish("t", b"k", f"v{i}".encode())
+    assert publisher.close(timeout_s=1.0) == 3  # it used to raise KafkaTimeoutError from the producer's close
+    assert [r.value for r in Spool(tmp_path, max_bytes=1 << 20).pending(10)] == [b"v0", b"v1", b"v2"]
 
 
 @pytest.mark.kafka
