@@ -123,16 +123,22 @@ def manifest_locations(artifacts_dir: Location) -> list[Location]:
     return [p for p in get_settings().files().list(join(artifacts_dir, "manifests")) if str(p).endswith(".json")]
 
 
+def artifact_location(uri: str) -> Location:
+    """Where the artifact a manifest names lies, as Files and the object store take it: an s3:// URI as it is, a
+    file:// URI (or a bare path) as a local path; ModelRejected for any other scheme."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        return uri
+    if parsed.scheme in ("file", ""):
+        return Path(parsed.path)
+    raise ModelRejected(f"unsupported artifact scheme {parsed.scheme!r} in {uri}")
+
+
 def fetch_verified(uri: str, sha256: str) -> Path:
     """Local path of the artifact at `uri` after checking its digest; ModelRejected otherwise. An s3:// artifact
     is downloaded into the local cache first (kept: its name is its digest)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        path = _cached(uri, sha256)
-    elif parsed.scheme in ("file", ""):
-        path = Path(parsed.path)
-    else:
-        raise ModelRejected(f"unsupported artifact scheme {parsed.scheme!r} in {uri}")
+    location = artifact_location(uri)
+    path = location if isinstance(location, Path) else _cached(uri, sha256)
     if not path.is_file():
         raise ModelRejected(f"artifact {uri} does not exist", permanent=False)
     if path.stat().st_size > get_settings().max_model_bytes:
