@@ -246,13 +246,14 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         bundle = export_bundle(
             result.model, result.tokenizer, result.pruning, result.checkpoint_path.parent / "model.vla"
         )
-        # The lineage: the table versions read, and the teacher labels the version's data held (each a paid call).
+        # The lineage is the table versions read (maintenance keeps them, a check reopens them); the teacher labels
+        # the version's data held (each a paid call) are a count beside it in the manifest.
         anchored = stage == "online_rl" and config.curriculum == "supervised"
         labels = result.diagnostics.get("teacher_labels", counts.teacher_labels if anchored else 0)
-        event = publish_artifact(bundle, settings, stage=stage, parent=state.version,
-                                 lineage=versions | {"teacher_labels": int(labels)},
+        event = publish_artifact(bundle, settings, stage=stage, parent=state.version, lineage=versions,
                                  extra_manifest={"checkpoint": str(result.checkpoint_path.resolve()),
-                                                 "stage_steps": result.steps - result.start_step})  # fmt: skip
+                                                 "stage_steps": result.steps - result.start_step,
+                                                 "teacher_labels": int(labels)})  # fmt: skip
         metrics.published(stage, event.version, event.produced_at, dict(event.eval))
         metrics.stage_diagnostics(stage, result.diagnostics)
         if stage == "sft":

@@ -8,9 +8,10 @@ import json
 import numpy as np
 
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
+from learner.data import table_versions
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
-from registry.store import resolve_model
+from registry.store import read_manifest, resolve_model
 from schemas import Action
 from streams.model_versions import latest_by_channel
 from tests.factories import TablesLog, box_screen
@@ -79,7 +80,8 @@ def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in
     assert [v["stage"] for v in state.versions] == ["sft", "dagger"]
     assert state.versions[-1]["diagnostics"]["teacher_labels"] == 6
     event = latest_by_channel(settings)["stable"]
-    assert event.stage == "dagger" and event.lineage["teacher_labels"] == 6
+    assert event.stage == "dagger" and read_manifest(settings.artifacts_dir, event.version)["teacher_labels"] == 6
+    assert set(event.lineage) == set(table_versions(settings.tables_dir))  # tables only: each one reopens
 
 
 def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):
