@@ -27,8 +27,11 @@ class DevToolsError(WebDriverException):
 
 def page_websocket_url(debugger_address: str, timeout_s: float = 10.0) -> str:
     """The websocket of the browser's (first) page, from its DevTools HTTP endpoint `host:port`."""
-    with urllib.request.urlopen(f"http://{debugger_address}/json/list", timeout=timeout_s) as response:
-        targets = json.load(response)
+    try:
+        with urllib.request.urlopen(f"http://{debugger_address}/json/list", timeout=timeout_s) as response:
+            targets = json.load(response)
+    except OSError as err:  # URLError is one: no browser listens there any more
+        raise DevToolsError(f"DevTools endpoint {debugger_address} unreachable: {err!r}") from err
     pages = [t for t in targets if t.get("type") == "page" and "webSocketDebuggerUrl" in t]
     if not pages:
         raise DevToolsError(f"no page target at {debugger_address} (targets: {[t.get('type') for t in targets]})")

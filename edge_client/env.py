@@ -51,12 +51,13 @@ from miniwob.screenshot import get_screenshot, pil_to_numpy_array
 from miniwob.selenium_actions import execute_action_on_chromedriver, execute_move_coords
 from miniwob.selenium_instance import DEFAULT_BASE_URL, SeleniumInstance
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.wait import WebDriverWait
 
-from edge_client.devtools import DevTools, DevToolsError
+from edge_client.devtools import DevTools
 from policy.interface import Observation
 from schemas import Action
 
@@ -317,28 +318,40 @@ class GuiEnv:
         self.task = name
 
     def reset(self, seed: int | None = None, task: str | None = None) -> Observation:
-        if task is not None:
-            self.set_task(task)
-        if self._env.instance.died:
-            log.warning("browser died; starting a new one")
-            self._close_devtools()
-            self._env._hard_reset_instance()
-            self._page_loaded = True
-        if self.config.path == "fast":
+        """Start an episode. A reset starts it anew, so a failure here is retried: once on a new DevTools session
+        (the socket dropped), then once on a new browser (the browser is gone: crashed, killed, out of memory)."""
+        for remedy in ("reconnect", "restart the browser", None):
             try:
-                raw_obs, info = self._reset_fast(seed)
-            except DevToolsError as err:  # a reset starts the episode anew: once more on a new session
-                log.warning("DevTools session failed (%s); reconnecting", err)
+                raw_obs, info = self._reset_once(seed, task)
+                break
+            except WebDriverException as err:  # DevToolsError is one
+                if remedy is None:
+                    raise
+                log.warning("reset of %s failed (%s); %s", task or self.task, str(err).strip()[:200], remedy)
                 self._close_devtools()
-                raw_obs, info = self._reset_fast(seed)
-        else:
-            # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
-            self._env.instance.raise_episode_time()
-            execute_move_coords(*POINTER_REST, self.driver)
-            raw_obs, info = self._env.reset(seed=seed)
+                if remedy == "restart the browser":
+                    self._restart_browser()
         self._step = 0
         self._instruction = raw_obs["utterance"]
         return self._observation(raw_obs, info)
+
+    def _reset_once(self, seed: int | None, task: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self._env.instance.died:
+            self._restart_browser()
+        if task is not None:
+            self.set_task(task)
+        if self.config.path == "fast":
+            return self._reset_fast(seed)
+        # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
+        self._env.instance.raise_episode_time()
+        execute_move_coords(*POINTER_REST, self.driver)
+        return self._env.reset(seed=seed)
+
+    def _restart_browser(self) -> None:
+        log.warning("starting a new browser")
+        self._close_devtools()
+        self._env._hard_reset_instance()  # opens the task set last (set_task records it for this)
+        self._page_loaded = True
 
     def step(self, action: Action) -> StepResult:
         t0 = time.perf_counter()

@@ -167,7 +167,11 @@ def _ask_teacher(env: Env, teacher: Teacher | None, obs: Observation, decision: 
     if not teacher.affordable():
         return None, "", 0.0
     started = time.perf_counter()
-    dom = obs.dom if obs.dom is not None else env.read_dom()
+    try:
+        dom = obs.dom if obs.dom is not None else env.read_dom()
+    except WebDriverException as err:  # the browser broke: no label; the step that follows ends the episode
+        log.warning("teacher: the screen could not be read: %s", str(err).strip()[:200])
+        dom = None
     label = teacher.label(replace(obs, dom=dom), why) if dom is not None else None
     return label, (why if label is not None else ""), _ms_since(started)
 

@@ -4,6 +4,8 @@ model, greedy. Real headless Chromium throughout."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -14,6 +16,7 @@ from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import Env, EpisodeResult, run_episode
 from edge_client.experts import expert_for
 from edge_client.stock_env import StockEnv
+from flywheel.chaos.run import browser_pids
 from policy.interface import Policy
 from registry.store import RELEASE_DIR
 
@@ -152,6 +155,44 @@ def test_a_broken_devtools_connection_loses_at_most_one_episode() -> None:
     assert after_reset.success
     assert mid_episode.termination == "error"  # that step could not be taken: the episode is lost ...
     assert following.success  # ... and the next one runs on a new session to the same browser
+
+
+def kill_browser(env: GuiEnv) -> list[int]:
+    """SIGKILL the chromium under this env's chromedriver, as the chaos run's kill_browser strike does."""
+    pids = browser_pids(env.driver.service.process.pid)
+    assert pids, "no chromium under the env's chromedriver"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+class BrowserKiller:
+    """The expert, except that while it thinks its browser is killed."""
+
+    version = "expert"
+
+    def __init__(self, env: GuiEnv, task: str):
+        self.env, self.expert = env, expert_for(task)
+
+    def act(self, obs):
+        kill_browser(self.env)
+        return self.expert.act(obs)
+
+
+@pytest.mark.parametrize("path", ["fast", "previous"])
+def test_a_killed_browser_loses_at_most_one_episode_and_the_next_runs_on_a_new_one(path: str) -> None:
+    # A killed browser used to end its client on the fast path: the reset's reconnect met a dead DevTools endpoint.
+    with GuiEnv("click-test", EnvConfig(path=path)) as env:
+        kill_browser(env)  # between episodes: the reset starts a new browser
+        after_reset = run_episode(env, expert_for("click-button"), "click-button", FIRST_SEED)
+        first = browser_pids(env.driver.service.process.pid)
+        mid_episode = run_episode(env, BrowserKiller(env, "click-button"), "click-button", FIRST_SEED + 1)
+        following = run_episode(env, expert_for("click-button"), "click-button", FIRST_SEED + 2)
+        assert browser_pids(env.driver.service.process.pid) != first  # a new browser
+
+    assert after_reset.success
+    assert mid_episode.termination == "error"  # that step could not be taken: the episode is lost ...
+    assert following.success and following.task == "click-button"  # ... the next one runs, on the task it asked
 
 
 def test_an_evaluation_reports_the_same_endings_with_one_browser_or_two() -> None:

@@ -42,7 +42,7 @@ from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import scan_table, step_count
 from lake.tables import STEPS
-from registry.store import read_manifests
+from registry.store import artifact_location, read_manifests
 from streams import topic_admin
 from streams.broker_jars import share_jars
 from streams.kafka_clients import make_producer
@@ -280,8 +280,6 @@ def kill_learner(run: ChaosRun, record: Record) -> Callable[[], bool]:
 def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """Cut one client off from every node for cut_s; it spools, and replays when the proxies are back."""
     k = run.rng.randrange(run.config.clients)
-    for proxy in run.proxies[k]:
-        proxy.cut()
     restored: list[int] = []
 
     def restore() -> None:
@@ -289,7 +287,9 @@ def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
             proxy.restore()
         restored.append(run.owed(k))
 
-    run.restores.append((time.monotonic() + run.config.cut_s, restore))
+    run.restores.append((time.monotonic() + run.config.cut_s, restore))  # first: a cut that fails half-way is undone
+    for proxy in run.proxies[k]:
+        proxy.cut()
     record.detail = f"client {k} for {run.config.cut_s:.0f} s"
     return lambda: bool(restored) and run.landed(f"{PREFIX}c{k}") >= restored[0]
 
@@ -297,7 +297,7 @@ def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
 def kill_browser(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """SIGKILL the chromium under one client: its env starts a new browser at the next episode."""
     k = run.rng.randrange(run.config.clients)
-    browsers = [p for p in _descendants(run.clients[k].proc.pid) if _is_browser_main(p)]
+    browsers = browser_pids(run.clients[k].proc.pid)
     if not browsers:
         raise RuntimeError(f"no chromium runs under client {k}")
     for pid in browsers:
@@ -310,7 +310,7 @@ def corrupt_artifact(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """Flip a byte of the newest artifact in the store and start one client anew, so it fetches that version: it
     must refuse it and keep acting. The store is repaired after 30 s, as an operator would."""
     manifest = read_manifests(run.settings.artifacts_dir)[-1]
-    files, uri = run.settings.files(), manifest["artifact_uri"]
+    files, uri = run.settings.files(), artifact_location(manifest["artifact_uri"])  # a file:// or s3:// URI
     good = files.read(uri)
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0xFF
@@ -419,18 +419,18 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
+def browser_pids(root: int) -> list[int]:
+    """The chromium browser processes among `root`'s descendants, not their helpers (whose command lines carry
+    --type=; chromium rewrites its helpers' titles into one space-separated string, so the whole line is searched)."""
+    found, frontier = [], [root]
     while frontier:
         kids = _children(frontier.pop())
         found += kids
         frontier += kids
-    return found
+    return [pid for pid in found if _is_browser_main(pid)]
 
 
 def _is_browser_main(pid: int) -> bool:
-    """A chromium browser process, not one of its helpers (whose command lines carry --type=; chromium rewrites
-    its helpers' titles into one space-separated string, so the whole line is searched)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
