@@ -1,6 +1,6 @@
 """`flywheel chaos` in small (issue 33): the flywheel on a 3-node cluster with two workers while a worker is
-SIGKILLed, a client is cut off from every node and a burst of bad events arrives; then the
-ledger: nothing lost, nothing duplicated, every dead letter an injected one, every fault recovered. The 30-minute
+SIGKILLed, a client is cut off from every node, a client's browser is SIGKILLed and a burst of bad events arrives;
+then the ledger: nothing lost, nothing duplicated, every dead letter an injected one, every fault recovered. The 30-minute
 run with every fault twice is `flywheel chaos --minutes 30` (docs/chaos.md)."""
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 
 def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path: Path) -> None:
     settings = isolated_broker_settings(tmp_path / "home", "chaos")
-    # kill_browser is left out until a client survives a killed browser on the fast env path (docs/chaos.md, Status)
-    faults = "kill_worker,cut_client,bad_events"
-    config = ChaosConfig(minutes=5, out=tmp_path / "chaos", seed=3, repeats=1, cut_s=30, warmup_s=60, recover_s=40,
+    faults = "kill_worker,cut_client,bad_events,kill_browser"
+    config = ChaosConfig(minutes=4, out=tmp_path / "chaos", seed=3, repeats=1, cut_s=25, warmup_s=40, recover_s=30,
                          faults=faults, tasks=("click-test", "click-button"))  # fmt: skip
     report = run_chaos(config, settings)
     ledger = report["ledger"]
@@ -27,7 +26,7 @@ def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path:
     assert ledger["steps"]["unowed"] == 0 and ledger["episodes"]["duplicated"] == 0, ledger
     assert ledger["dead_letters"]["injected"] == 6 and ledger["dead_letters"]["unaccounted"] == 0, ledger
     assert report["ledger_ok"]
-    assert sorted(f["fault"] for f in report["faults"]) == ["bad_events", "cut_client", "kill_worker"]
+    assert sorted(f["fault"] for f in report["faults"]) == ["bad_events", "cut_client", "kill_browser", "kill_worker"]
     assert report["all_recovered"], report["faults"]
     assert report["fleet"]["longest_idle_s"] <= config.cut_s
     assert (config.out / "chaos.png").stat().st_size > 0
