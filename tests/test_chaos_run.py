@@ -1,7 +1,7 @@
 """`flywheel chaos` in small (issue 33): the flywheel on a 3-node cluster with two workers while a worker is
 SIGKILLed, a client is cut off from every node, a client's browser is SIGKILLed and a burst of bad events arrives;
-then the ledger: nothing lost, nothing duplicated, every dead letter an injected one, every fault recovered. The 30-minute
-run with every fault twice is `flywheel chaos --minutes 30` (docs/chaos.md)."""
+then the ledger: nothing lost, nothing duplicated, every dead letter an injected one, every fault recovered. The
+30-minute run with every fault twice is `flywheel chaos --minutes 30` (docs/chaos.md)."""
 
 from __future__ import annotations
 
