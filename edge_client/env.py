@@ -328,9 +328,10 @@ class GuiEnv:
                 if remedy is None:
                     raise
                 log.warning("reset of %s failed (%s); %s", task or self.task, str(err).strip()[:200], remedy)
-                self._close_devtools()
                 if remedy == "restart the browser":
-                    self._restart_browser()
+                    self._restart_browser()  # closes the DevTools session too
+                else:
+                    self._close_devtools()
         self._step = 0
         self._instruction = raw_obs["utterance"]
         return self._observation(raw_obs, info)
