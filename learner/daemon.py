@@ -19,8 +19,10 @@ each version's stage diagnostics (KLs, clip fraction, entropy, ...) are in its s
 
 The fleet keeps acting with whatever version it has while the learner trains; a new version reaches it
 through the model-versions topic (canary first when configured, learner.publish). The daemon's progress
-(the SFT reference, the current checkpoint, every published version) is in DATA/learner/daemon/state.json:
-a restarted daemon continues the curriculum where it stopped. Every run reads pinned table versions.
+(the SFT reference, the current checkpoint, every published version, the stage in progress) is in
+DATA/learner/daemon/state.json: a restarted daemon continues the curriculum where it stopped, and a stage killed
+mid-way resumes from its last checkpoint (every `checkpoint_every` steps) on the table versions it pinned, rather
+than starting again on newer ones. Every run reads pinned table versions.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class DaemonState:
     rl_since_retrain: int = 0  # anchored RL updates published since the last retrain (curriculum "supervised")
     online_dir: str = "online"  # the online run's directory (a new one after each retrain: it starts from it)
     versions: list[dict] = field(default_factory=list)
+    in_progress: dict = field(default_factory=dict)  # the stage being trained: stage, table versions, counts, start
 
     @classmethod
     def load(cls, path: Path) -> DaemonState:
@@ -172,6 +175,40 @@ def table_counts(tables_dir: Location, since: float) -> TableCounts:
                        int(counts["failures"][0] or 0) > 0, int(counts["demos"][0] or 0), labels)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    versions: dict[str, int]  # the table versions it reads (pinned while it trains; its run directory's name)
+    counts: TableCounts
+    started_at: float
+
+
+def planned_stage(state: DaemonState, tables_dir: Location, config: DaemonConfig) -> StagePlan | None:
+    """The stage to train now: the one a killed daemon left in progress (the same stage on the same table versions,
+    so the same run directory, which holds its checkpoint), else the curriculum's next stage when one is due."""
+    if state.in_progress:
+        plan = StagePlan(**{**state.in_progress, "counts": TableCounts(**state.in_progress["counts"])})
+        if readable(tables_dir, plan.versions):
+            log.warning("resuming %s on table versions %s", plan.stage, plan.versions)
+            return plan
+        log.warning("%s was in progress on table versions %s, no longer readable: starting anew", plan.stage,
+                    plan.versions)  # fmt: skip
+    counts = table_counts(tables_dir, state.last_publish_at)
+    if not is_due(state, counts, time.time(), config):
+        return None
+    return StagePlan(next_stage(state, counts, config), table_versions(tables_dir), counts, time.time())
+
+
+def readable(tables_dir: Location, versions: dict[str, int]) -> bool:
+    """Whether each table still reads at its version (maintenance may vacuum a version no live reader pins)."""
+    try:
+        for name, version in versions.items():
+            scan(table_uri(tables_dir, name), version).select(pl.len()).collect()
+    except Exception:  # noqa: BLE001 - whatever the store says of a version it no longer has
+        return False
+    return True
+
+
 def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: DaemonState,
                 versions: dict[str, int], counts: TableCounts) -> VLAResult:  # fmt: skip
     tables, work = settings.tables_dir, settings.learner_dir / "daemon"
@@ -233,15 +270,15 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         if not _has_tables(settings.tables_dir):
             time.sleep(config.poll_s)
             continue
-        counts = table_counts(settings.tables_dir, state.last_publish_at)
-        if not is_due(state, counts, time.time(), config):
+        plan = planned_stage(state, settings.tables_dir, config)
+        if plan is None:
             time.sleep(config.poll_s)
             continue
-        stage = next_stage(state, counts, config)
-        versions = table_versions(settings.tables_dir)
+        state.in_progress = asdict(plan)
+        state.save(state_path)  # killed from here on, the next daemon resumes this stage
+        stage, versions, counts, started_at = plan.stage, plan.versions, plan.counts, plan.started_at
         with pinned(settings.pins_dir, versions):
             metrics.training_started(stage, settings.tables_dir, versions)
-            started_at = time.time()
             result = train_stage(stage, settings, config, state, versions, counts)
         bundle = export_bundle(
             result.model, result.tokenizer, result.pruning, result.checkpoint_path.parent / "model.vla"
@@ -253,6 +290,7 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         event = publish_artifact(bundle, settings, stage=stage, parent=state.version, lineage=versions,
                                  extra_manifest={"checkpoint": str(result.checkpoint_path.resolve()),
                                                  "stage_steps": result.steps - result.start_step,
+                                                 "resumed_from_step": result.start_step,
                                                  "teacher_labels": int(labels)})  # fmt: skip
         metrics.published(stage, event.version, event.produced_at, dict(event.eval))
         metrics.stage_diagnostics(stage, result.diagnostics)
@@ -262,8 +300,10 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
         state.rl_since_retrain = state.rl_since_retrain + 1 if stage == "online_rl" else 0
         # Rollouts produced while this stage trained still count as fresh for the next one.
         state.checkpoint, state.version, state.last_publish_at = str(result.checkpoint_path), event.version, started_at
+        state.in_progress = {}
         state.versions.append({"model_version": event.version, "stage": stage, "published_at": event.produced_at,
                                "fresh_episodes": counts.fresh, "train_s": round(event.produced_at - started_at, 1),
+                               "resumed_from_step": result.start_step,
                                "bundle": str(bundle.resolve()), "teacher_labels_in_tables": counts.teacher_labels,
                                "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)

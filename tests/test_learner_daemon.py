@@ -4,11 +4,14 @@ SFT on demonstrations -> offline RL once failures are logged -> online RL on fre
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
 from learner.data import table_versions
+from learner.training_run import TrainingRun
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
 from registry.store import read_manifest, resolve_model
@@ -113,6 +116,55 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
     assert [v["stage"] for v in state.versions] == ["sft", "offline_rl", "online_rl"]
     assert state.versions[-1]["fresh_episodes"] >= 16
     assert DaemonState.load(settings.learner_dir / "daemon" / "state.json") == state  # resumable
+
+
+class Killed(BaseException):
+    """A SIGKILL, in process: nothing in the daemon catches it."""
+
+
+def test_a_daemon_killed_mid_stage_resumes_it_from_its_checkpoint_on_the_same_table_versions(
+    stack, tmp_path, monkeypatch
+):
+    settings, recipe, log = demonstrated(stack, tmp_path)
+    tiny = json.loads(Path(recipe).read_text())
+    tiny["train"]["checkpoint_every"] = 5
+    Path(recipe).write_text(json.dumps(tiny))
+    config = DaemonConfig(recipe=recipe, poll_s=0.2, min_demos=12, max_versions=1)
+    versions_at_start = table_versions(settings.tables_dir)
+
+    real_save = TrainingRun.save
+
+    def save_then_die(run, step, path=None):
+        real_save(run, step, path)
+        if step == 10:
+            raise Killed  # after the step-10 checkpoint, mid-way through 20 steps
+
+    monkeypatch.setattr(TrainingRun, "save", save_then_die)
+    with pytest.raises(Killed):
+        run_daemon(settings, config)
+    monkeypatch.setattr(TrainingRun, "save", real_save)
+    assert DaemonState.load(settings.learner_dir / "daemon" / "state.json").in_progress["stage"] == "sft"
+    for seed in range(100, 104):  # the tables move on while no daemon runs
+        log.episode(f"late-{seed}", seed, Action("click", *box_center(seed)), True, "expert")
+
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft"] and state.in_progress == {}
+    assert state.versions[0]["resumed_from_step"] == 10
+    manifest = read_manifest(settings.artifacts_dir, state.version)
+    assert manifest["stage_steps"] == 10  # the 10 steps left, not 20 again
+    assert latest_by_channel(settings)["stable"].lineage == versions_at_start  # the versions it began on
+
+
+def test_a_stage_in_progress_on_versions_no_longer_readable_starts_anew(stack, tmp_path):
+    settings, recipe, _ = demonstrated(stack, tmp_path)
+    gone = {name: version + 1000 for name, version in table_versions(settings.tables_dir).items()}
+    counts = {"fresh": 0, "fresh_steps": 0, "failures_logged": False, "demos": 12, "teacher_labels": 0}
+    DaemonState(in_progress={"stage": "sft", "versions": gone, "counts": counts, "started_at": 0.0}).save(
+        settings.learner_dir / "daemon" / "state.json"
+    )
+    state = run_daemon(settings, DaemonConfig(recipe=recipe, poll_s=0.2, min_demos=12, max_versions=1))
+    assert [v["stage"] for v in state.versions] == ["sft"] and state.versions[0]["resumed_from_step"] == 0
+    assert latest_by_channel(settings)["stable"].lineage == table_versions(settings.tables_dir)
 
 
 def box_center(seed: int) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import msgspec
 from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
+    check_learner_kills,
     check_steps,
     check_versions,
     ledger_ok,
@@ -117,3 +118,22 @@ def test_version_ids_are_claimed_so_a_kill_between_sending_and_recording_never_r
     with ThreadPoolExecutor(8) as pool:  # learners racing for the next ids
         claimed = list(pool.map(lambda _: claim_version(artifacts, "online_rl"), range(16)))
     assert sorted(int(v.rsplit("-", 1)[1]) for v in claimed) == list(range(3, 19))
+
+
+def test_a_learner_kill_counts_as_continued_only_when_the_stage_it_hit_resumed_from_its_checkpoint():
+    versions = [
+        {"model_version": "sft-0001", "stage": "sft", "published_at": 100.0, "resumed_from_step": 0},
+        {"model_version": "dagger-0002", "stage": "dagger", "published_at": 300.0, "resumed_from_step": 150},
+        {"model_version": "dagger-0003", "stage": "dagger", "published_at": 500.0, "resumed_from_step": 0},
+    ]
+    kills = [
+        {"at": 200.0, "in_progress": "dagger", "checkpointed": True},  # resumed at step 150: continued
+        {"at": 400.0, "in_progress": "dagger", "checkpointed": True},  # retrained from step 0: restarted
+        {"at": 450.0, "in_progress": "dagger", "checkpointed": False},  # no checkpoint yet: step 0 is right
+        {"at": 150.0, "in_progress": "", "checkpointed": False},  # between stages: any next version
+        {"at": 600.0, "in_progress": "dagger", "checkpointed": True},
+    ]  # nothing published after it
+    found = check_learner_kills(kills, versions)
+    assert [k["continued"] for k in found] == [True, False, True, True, False]
+    assert [k["next_version"] for k in found] == ["dagger-0002", "dagger-0003", "dagger-0003", "dagger-0002", None]
+    assert found[0]["resumed_from_step"] == 150

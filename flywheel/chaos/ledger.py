@@ -8,6 +8,8 @@ tables hold.
     versions       every published version verifies (signature by a trusted key, artifact digest), its lineage
                    reads (each table at the version it trained on), no version id is used twice, and the learner
                    continued rather than restarted: each version's parent is the version published before it
+    learner kills  a stage the learner was killed in is the stage its next version comes from, resumed from the
+                   checkpoint it had written (learner.daemon: not the curriculum, nor the stage, from scratch)
 """
 
 from __future__ import annotations
@@ -94,6 +96,22 @@ def check_versions(artifacts_dir: Location, tables_dir: Location, trusted_dir: P
         if previous is not None and event.parent != previous["version"]:
             problems.append(f"{version}: parent {event.parent!r}, but {previous['version']} was published before it")
     return {"published": len(ids), "reused_ids": reused, "problems": problems, "versions": ids}
+
+
+def check_learner_kills(kills: list[dict], versions: list[dict]) -> list[dict]:
+    """Each learner kill ({at: unix time, in_progress: the stage being trained or "", checkpointed: whether that stage
+    had written a checkpoint}) with the first version the daemon published after it (its state's `versions`
+    entries) and whether it continued: the same stage, resumed from a step > 0 when a checkpoint was there."""
+    found = []
+    for kill in kills:
+        after = next((v for v in versions if v["published_at"] > kill["at"]), None)
+        stage = after["stage"] if after else None
+        resumed = after.get("resumed_from_step", 0) if after else None
+        continued = after is not None and (not kill["in_progress"] or (
+            stage == kill["in_progress"] and (resumed > 0 or not kill["checkpointed"])))  # fmt: skip
+        found.append(kill | {"next_version": after["model_version"] if after else None, "next_stage": stage,
+                             "resumed_from_step": resumed, "continued": continued})  # fmt: skip
+    return found
 
 
 def ledger_ok(report: dict) -> bool:

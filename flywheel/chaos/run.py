@@ -30,6 +30,7 @@ from core.settings import TIER1_TASKS, Settings
 from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
+    check_learner_kills,
     check_steps,
     check_versions,
     ledger_ok,
@@ -108,6 +109,7 @@ class ChaosRun:
     watches: list[Watch] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     restores: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    learner_kills: list[dict] = field(default_factory=list)  # what each learner kill interrupted
     rng: random.Random = field(default_factory=random.Random)
 
     @property
@@ -127,9 +129,12 @@ class ChaosRun:
     def landed(self, prefix: str = PREFIX) -> int:
         return step_count(self.settings.tables_dir, prefix)
 
-    def versions(self) -> int:
+    def learner_state(self) -> dict:
         path = self.stack.settings.learner_dir / "daemon" / "state.json"
-        return len(json.loads(path.read_text())["versions"]) if path.exists() else 0
+        return json.loads(path.read_text()) if path.exists() else {"versions": []}
+
+    def versions(self) -> int:
+        return len(self.learner_state()["versions"])
 
 
 def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
@@ -168,7 +173,8 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
     (config.out / "chaos.json").write_text(json.dumps(report, indent=2))
     plot_timeline(config.out / "chaos.png", report)
     say(f"chaos: ledger {'ok' if report['ledger_ok'] else 'FAILED'}; every fault recovered: "
-        f"{report['all_recovered']}; longest fleet idle {report['fleet']['longest_idle_s']} s; "
+        f"{report['all_recovered']}; the learner continued after each kill: {report['learner_continued']}; "
+        f"longest fleet idle {report['fleet']['longest_idle_s']} s; "
         f"versions {report['ledger']['versions']['published']}; {config.out / 'chaos.json'}")  # fmt: skip
     return report
 
@@ -205,7 +211,8 @@ def drive(run: ChaosRun, schedule: list[Strike]) -> None:
     """Strike on schedule; watch each strike until it recovers; undo timed faults (a cut) when due."""
     pending, end = list(schedule), run.started + 60 * run.config.minutes
     last_check = 0.0
-    while time.monotonic() < end or any(c.running() for c in run.clients):
+    # After the fleet stops, strikes still recovering are watched on (each up to recover_timeout_s).
+    while time.monotonic() < end or any(c.running() for c in run.clients) or run.watches:
         now = time.monotonic()
         while pending and now - run.started >= pending[0].at_s:
             strike = pending.pop(0)
@@ -270,10 +277,17 @@ def kill_learner(run: ChaosRun, record: Record) -> Callable[[], bool]:
     same flags: it must continue from its state, and publish again."""
     learner = run.learners[-1]
     learner.stop(signal.SIGKILL, timeout=5)
-    published = run.versions()
+    state = run.learner_state()
+    stage = state.get("in_progress") or {}
+    # Whether the stage had checkpointed: a training checkpoint under the daemon's directory written since it began.
+    checkpoints = (run.settings.learner_dir / "daemon").glob("*/vla_checkpoint.pt")
+    checkpointed = bool(stage) and any(c.stat().st_mtime > stage["started_at"] for c in checkpoints)
+    run.learner_kills.append({"at": time.time(), "at_s": record.at_s, "in_progress": stage.get("stage", ""),
+                              "checkpointed": checkpointed})  # fmt: skip
+    published = len(state["versions"])
     run.learners.append(run.stack.start(f"learner-{len(run.learners)}", learner_args(demo_config(run.config)),
                                         role="learner"))  # fmt: skip
-    record.detail = f"after {published} versions"
+    record.detail = f"after {published} versions" + (f", mid-{stage['stage']}" if stage else ", between stages")
     return lambda: run.versions() > published
 
 
@@ -369,6 +383,7 @@ def check(run: ChaosRun) -> dict:
               "dead_letters": check_dead_letters(letters, run.injected), "versions": versions}  # fmt: skip
     kills = [r.at_s for r in run.records if r.fault == "kill_learner"]
     published = _published_at(run)
+    learner_kills = check_learner_kills(run.learner_kills, run.learner_state()["versions"])
     return {
         "config": jsonable(asdict(run.config)),
         "faults": [asdict(r) for r in run.records],
@@ -376,6 +391,8 @@ def check(run: ChaosRun) -> dict:
         "ledger": ledger,
         "ledger_ok": ledger_ok(ledger),
         "versions_after_each_learner_kill": [sum(t > at for t in published) for at in kills],
+        "learner_kills": learner_kills,
+        "learner_continued": all(k["continued"] for k in learner_kills),
         "fleet": fleet_idle(run),
         "published_at_s": published,
     }
