@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,13 +67,18 @@ class Child:
         finally:
             self._log.flush()
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
-        """Signal the process group, wait, then SIGKILL what is left. Stopping twice does nothing: by then the
-        group's id may belong to another process."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0, leader_only: bool = False) -> int | None:
+        """Signal the process group, wait, then SIGKILL what is left. `leader_only`: signal the process alone, for
+        one that finishes its unit of work on SIGTERM (an edge client its episode) with children it still needs
+        meanwhile (its browser) and closes itself. Stopping twice does nothing: by then the group's id may belong
+        to another process."""
         if self._log.closed:
             return self.proc.returncode
         if self.running():
-            _signal_group(self.proc.pid, sig)
+            if leader_only:
+                self.proc.send_signal(sig)
+            else:
+                _signal_group(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -93,6 +99,22 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+@contextmanager
+def sigterm_requests_stop() -> Iterator[threading.Event]:
+    """An event that SIGTERM sets while inside, instead of ending the process at once (Python's default): the
+    caller finishes the unit of work it is in and stops cleanly. Signal handlers live in the main thread only;
+    elsewhere the event is set by nothing but its holder."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: requested.set())
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):

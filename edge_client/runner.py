@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.metrics import await_scrape, serve_metrics
+from core.processes import sigterm_requests_stop
 from core.settings import TIER1_TASKS, Settings
 from edge_client import metrics
 from edge_client.env import EnvConfig, GuiEnv
@@ -143,32 +144,35 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
     schedule = episode_schedule(config)
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s is not None else None
-    try:
-        for run, (index, task, repeat) in enumerate(schedule):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            policy = policies(task)
-            if repeat and not samples(policy, config):
-                continue  # a deterministic policy would only replay the same episode
-            if policy.version not in summary.model_versions:
-                summary.model_versions.append(policy.version)
-                metrics.use_model_version(policy.version, config.tasks)
-                await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
-            seed = config.seed + index
-            episode_id = f"{config.client_id}-{task}-{seed}-{run}"
-            on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
-            started = time.time()
-            asks = teacher if policy.version != "expert" else None
-            result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
-            summary.record_acting(started, time.time())
-            summary.record_episode(task, result.success)
-            metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
-    finally:
-        env.close()
-        summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
-        metrics.SPOOL_DEPTH.set(summary.unsent)
-        if ledger is not None:
-            ledger.close()
+    # SIGTERM (a restart, a deploy) ends the client at the next episode boundary, its spool drained: an episode
+    # cut off mid-way would leave steps whose episode never ends.
+    with sigterm_requests_stop() as stop_requested:
+        try:
+            for run, (index, task, repeat) in enumerate(schedule):
+                if stop_requested.is_set() or (deadline is not None and time.monotonic() > deadline):
+                    break
+                policy = policies(task)
+                if repeat and not samples(policy, config):
+                    continue  # a deterministic policy would only replay the same episode
+                if policy.version not in summary.model_versions:
+                    summary.model_versions.append(policy.version)
+                    metrics.use_model_version(policy.version, config.tasks)
+                    await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
+                seed = config.seed + index
+                episode_id = f"{config.client_id}-{task}-{seed}-{run}"
+                on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
+                started = time.time()
+                asks = teacher if policy.version != "expert" else None
+                result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
+                summary.record_acting(started, time.time())
+                summary.record_episode(task, result.success)
+                metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
+        finally:
+            env.close()
+            summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
+            metrics.SPOOL_DEPTH.set(summary.unsent)
+            if ledger is not None:
+                ledger.close()
     summary.steps_published = sum(delivered.values())
     if teacher is not None:
         summary.teacher_labels, summary.teacher_skipped = dict(teacher.labels), dict(teacher.skipped)

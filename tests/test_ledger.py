@@ -137,3 +137,4 @@ def test_a_learner_kill_counts_as_continued_only_when_the_stage_it_hit_resumed_f
     assert [k["continued"] for k in found] == [True, False, True, True, False]
     assert [k["next_version"] for k in found] == ["dagger-0002", "dagger-0003", "dagger-0003", "dagger-0002", None]
     assert found[0]["resumed_from_step"] == 150
+    assert [k["published_after_s"] for k in found] == [100.0, 100.0, 50.0, 150.0, None]

@@ -15,7 +15,7 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from core.processes import wait_until
+from core.processes import sigterm_requests_stop, wait_until
 from edge_client.spool import Spool, SpoolFull, SpoolingPublisher
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
@@ -143,3 +143,45 @@ def test_an_edge_client_killed_between_ack_and_cursor_write_sends_again_and_ever
     wait_until(pipeline.caught_up([worker]), 120, what="every step and its copy consumed")
     landed = pipeline.column(STEPS, "event_id")
     assert len(landed) == len(set(landed)) and set(landed) == set(spooled)
+
+
+def test_sigterm_asks_the_holder_to_stop_instead_of_ending_the_process():
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_requests_stop() as stop_requested:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop_requested.wait(5)  # and this process is still here to see it
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.kafka
+def test_an_edge_client_asked_to_stop_ends_its_episode_and_drains_its_spool(stack, tmp_path):
+    """SIGTERM mid-run (a restart, a deploy): the client finishes the episode it is in, sends what it spooled and
+    exits cleanly, so no episode is left without its final step (the assembler would never close it)."""
+    summary_path, ledger_path = tmp_path / "summary.json", tmp_path / "ledger"
+    client = stack.start(
+        "edge-stopped",
+        ["edge", "--client-id", "stopped-c0", "--tasks", "click-checkboxes,enter-text", "--episodes", "100000",
+         "--summary", str(summary_path), "--ledger-path", str(ledger_path)],
+    )  # fmt: skip
+    wait_until(lambda: ledger_path.exists() and len(ledger_path.read_text().splitlines()) > 20, 120,
+               what="the client acting")  # fmt: skip
+    assert client.stop(timeout=60, leader_only=True) == 0, client.tail()
+    summary = json.loads(summary_path.read_text())
+    assert summary["unsent"] == 0 and summary["episodes"] > 0
+
+    consumer = make_consumer(stack.settings, "stopped-check", consumer_timeout_ms=3000)
+    partitions = [
+        TopicPartition(topics_for(stack.settings).steps.name, p) for p in range(stack.settings.topic_partitions)
+    ]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    episodes: dict[str, list[StepEvent]] = {}
+    for record in consumer:
+        step = decode_event(record.value, expect=StepEvent)
+        if step.client_id == "stopped-c0":
+            episodes.setdefault(step.episode_id, []).append(step)
+    consumer.close()
+    assert sum(len(steps) for steps in episodes.values()) == len(ledger_path.read_text().splitlines())
+    assert len(episodes) == summary["episodes"]
+    for steps in episodes.values():  # every episode ends with its final step, and only there
+        assert [s.done for s in sorted(steps, key=lambda s: s.step)] == [False] * (len(steps) - 1) + [True]

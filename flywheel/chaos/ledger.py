@@ -101,7 +101,8 @@ def check_versions(artifacts_dir: Location, tables_dir: Location, trusted_dir: P
 def check_learner_kills(kills: list[dict], versions: list[dict]) -> list[dict]:
     """Each learner kill ({at: unix time, in_progress: the stage being trained or "", checkpointed: whether that stage
     had written a checkpoint}) with the first version the daemon published after it (its state's `versions`
-    entries) and whether it continued: the same stage, resumed from a step > 0 when a checkpoint was there."""
+    entries), how long after the kill, and whether it continued: the same stage, resumed from a step > 0 when a
+    checkpoint was there."""
     found = []
     for kill in kills:
         after = next((v for v in versions if v["published_at"] > kill["at"]), None)
@@ -110,6 +111,7 @@ def check_learner_kills(kills: list[dict], versions: list[dict]) -> list[dict]:
         continued = after is not None and (not kill["in_progress"] or (
             stage == kill["in_progress"] and (resumed > 0 or not kill["checkpointed"])))  # fmt: skip
         found.append(kill | {"next_version": after["model_version"] if after else None, "next_stage": stage,
+                             "published_after_s": round(after["published_at"] - kill["at"], 1) if after else None,
                              "resumed_from_step": resumed, "continued": continued})  # fmt: skip
     return found
 

@@ -211,8 +211,9 @@ def drive(run: ChaosRun, schedule: list[Strike]) -> None:
     """Strike on schedule; watch each strike until it recovers; undo timed faults (a cut) when due."""
     pending, end = list(schedule), run.started + 60 * run.config.minutes
     last_check = 0.0
-    # After the fleet stops, strikes still recovering are watched on (each up to recover_timeout_s).
-    while time.monotonic() < end or any(c.running() for c in run.clients) or run.watches:
+    # After the fleet stops, strikes still recovering are watched on (each up to recover_timeout_s), and the learner
+    # is given as long again to publish after its last kill.
+    while time.monotonic() < end or any(c.running() for c in run.clients) or run.watches or awaiting_version(run, end):
         now = time.monotonic()
         while pending and now - run.started >= pending[0].at_s:
             strike = pending.pop(0)
@@ -241,6 +242,14 @@ def drive(run: ChaosRun, schedule: list[Strike]) -> None:
         if not run.learners[-1].running() and not any(w.record.fault == "kill_learner" for w in run.watches):
             raise RuntimeError(f"the learner died on its own:\n{run.learners[-1].tail()}")
         time.sleep(1)
+
+
+def awaiting_version(run: ChaosRun, end: float) -> bool:
+    """The last learner kill is not yet followed by a published version (its stage still trains); up to
+    recover_timeout_s past the run's end, after which the ledger reports the kill without one."""
+    if not run.learner_kills or time.monotonic() > end + run.config.recover_timeout_s:
+        return False
+    return not any(v["published_at"] > run.learner_kills[-1]["at"] for v in run.learner_state()["versions"])
 
 
 # --- the strikes: each does its harm and returns the test that it has recovered -------------------------------
@@ -274,21 +283,29 @@ def kill_leader(run: ChaosRun, record: Record) -> Callable[[], bool]:
 
 def kill_learner(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """SIGKILL the learner daemon (it is training all the time but when it polls); start it again at once with the
-    same flags: it must continue from its state, and publish again."""
+    same flags: it must continue from its state. Recovered when it is back at work: a training checkpoint written
+    since the kill, or a version published. Whether it resumed the stage it was killed in (not from scratch) and
+    when it published next, the ledger's learner-kill check says: a stage's training time is the machine's, not
+    the recovery's."""
     learner = run.learners[-1]
     learner.stop(signal.SIGKILL, timeout=5)
-    state = run.learner_state()
+    killed_at, state = time.time(), run.learner_state()
     stage = state.get("in_progress") or {}
     # Whether the stage had checkpointed: a training checkpoint under the daemon's directory written since it began.
-    checkpoints = (run.settings.learner_dir / "daemon").glob("*/vla_checkpoint.pt")
-    checkpointed = bool(stage) and any(c.stat().st_mtime > stage["started_at"] for c in checkpoints)
-    run.learner_kills.append({"at": time.time(), "at_s": record.at_s, "in_progress": stage.get("stage", ""),
+    checkpointed = bool(stage) and newest_checkpoint_at(run) > stage["started_at"]
+    run.learner_kills.append({"at": killed_at, "at_s": record.at_s, "in_progress": stage.get("stage", ""),
                               "checkpointed": checkpointed})  # fmt: skip
     published = len(state["versions"])
     run.learners.append(run.stack.start(f"learner-{len(run.learners)}", learner_args(demo_config(run.config)),
                                         role="learner"))  # fmt: skip
     record.detail = f"after {published} versions" + (f", mid-{stage['stage']}" if stage else ", between stages")
-    return lambda: run.versions() > published
+    return lambda: newest_checkpoint_at(run) > killed_at or run.versions() > published
+
+
+def newest_checkpoint_at(run: ChaosRun) -> float:
+    """When the learner daemon last wrote a training checkpoint (0: never)."""
+    checkpoints = (run.settings.learner_dir / "daemon").glob("*/vla_checkpoint.pt")
+    return max((c.stat().st_mtime for c in checkpoints), default=0.0)
 
 
 def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
@@ -330,7 +347,7 @@ def corrupt_artifact(run: ChaosRun, record: Record) -> Callable[[], bool]:
     bad[len(bad) // 2] ^= 0xFF
     files.write(uri, bytes(bad))
     k = run.rng.randrange(run.config.clients)
-    run.clients[k].stop()
+    run.clients[k].stop(leader_only=True)  # it ends its episode and drains its spool, as a restarted client does
     run.incarnations[k] += 1
     run.clients[k] = start_client(run, k)
     run.restores.append((time.monotonic() + 30, lambda: files.write(uri, good)))
