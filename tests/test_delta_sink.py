@@ -71,12 +71,59 @@ def test_a_failed_batch_write_is_neither_acked_nor_dropped():
 
     async def run():
         await batcher.add(events[0])
-        with pytest.raises(OSError):
-            await batcher.add(events[1])
+        await batcher.add(events[1])
+        await batcher.drain()
+        with pytest.raises(OSError):  # the stream stops at its next event
+            await batcher.add(Event())
 
     asyncio.run(run())
     assert [type(f) for f in failures] == [OSError]
     assert batcher.events == events and not any(e.acked for e in events)
+
+
+def test_the_stream_keeps_reading_while_a_batch_is_written_and_writes_stay_in_order():
+    """The next batch fills behind the write in flight; writes never overlap; a full batch queued
+    behind the write makes the stream wait."""
+    import asyncio
+
+    from processors.batching import Batcher
+
+    class Event:
+        acked = False
+
+        def ack(self):
+            self.acked = True
+
+    written, writing = [], []
+
+    async def run():
+        store_answers = asyncio.Event()
+
+        async def slow_flush(events):
+            writing.append(1)
+            assert len(writing) == 1, "two writes at once"
+            await store_answers.wait()
+            written.append(list(events))
+            writing.pop()
+
+        batcher = Batcher(slow_flush, lambda error: None, max_size=2, max_age_s=60)
+        events = [Event() for _ in range(5)]
+        for event in events[:3]:  # the first two fill a batch and start its write, the third queues
+            await asyncio.wait_for(batcher.add(event), timeout=1)
+        assert written == [] and batcher.events == events[2:3] and not any(e.acked for e in events)
+
+        fourth = asyncio.ensure_future(batcher.add(events[3]))  # a second full batch: the stream waits
+        await asyncio.sleep(0.05)
+        assert not fourth.done()
+        store_answers.set()
+        await asyncio.wait_for(fourth, timeout=1)
+        await batcher.add(events[4])
+        await asyncio.wait_for(batcher.drain(), timeout=1)
+        return events
+
+    events = asyncio.run(run())
+    assert [len(batch) for batch in written] == [2, 2, 1]
+    assert [e for batch in written for e in batch] == events and all(e.acked for e in events)
 
 
 def episode_records_of(episode_ids, first_offset=0, topic="t.episodes"):
