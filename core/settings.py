@@ -139,6 +139,13 @@ class Settings(BaseSettings):
         "repeats (an edge re-send, an episode re-emitted after a crash); older events are looked up in Delta instead. "
         "Memory: about 140 bytes per step in the window (1000 steps/s for an hour: ~0.5 GB).",
     )
+    abandon_after_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="An open episode that gets no step while its steps partition's event time (the steps' produced_at, "
+        "not the wall clock) moves on this many seconds is closed as abandoned (processors.assembly): emitted with "
+        "its steps so far, never a success; a later step of it lands in `steps` and is counted as late.",
+    )
     metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
     listen_host: str = Field(
         "127.0.0.1", description="Interface the local broker's client listener binds to (its controller: loopback)."

@@ -83,7 +83,7 @@ EPISODES_SCHEMA = pa.schema(
         ("raw_reward", pa.float32()),
         ("binary_reward", pa.float32()),
         ("success", pa.bool_()),
-        ("termination", pa.string()),
+        ("termination", pa.string()),  # schemas.EpisodeEnding: the edge loop's ending, or "abandoned" (assembly's)
         ("model_version", pa.string()),
         ("policy", pa.string()),
         ("completion", pa.float32()),

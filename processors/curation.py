@@ -7,7 +7,9 @@ The decision rests on the current model's live success per task: its last WINDOW
     model successes     hard (task success < HARD or not yet measured): 2.0; solved tasks: 0.1; else 1.0
     model failures      diverged from a success on the same seed: 2.0 (a DPO pair in the offline stage);
                         near miss (most of several steps verified): 1.5; on a solved task: 1.5; else 0.5
-    dropped             failed demonstrations and browser errors (they say nothing about the policy)
+    dropped             failed demonstrations, browser errors and abandoned episodes (closed without a final step
+                        when their client went quiet: processors.assembly); the last two say nothing about the policy,
+                        so neither is counted in its live success either
 
 Exactly once, and the same on a replay: the scorer keys episodes by task, so one partition holds a task's
 whole history in one order, and an episode is judged on the episodes of its task *before it in that
@@ -31,6 +33,7 @@ WINDOW = 50  # model episodes per task the live success is measured over
 MIN_EPISODES = 10  # fewer than this: not measured yet
 NEAR_MISS_VERIFIED = 0.8  # a failure whose steps were verified at least this often came close
 MAX_SOLVED_SEEDS = 100_000  # (task, seed) pairs remembered as solved, oldest forgotten first
+NOT_THE_POLICY = ("error", "abandoned")  # endings that say nothing about the policy: not curated, not its live success
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def curate_batch(batch: list[tuple[int, int, EpisodeEvent]], history: Iterable[d
         row = entries[key]
         if key in judged:
             decisions[key] = _judge(judged[key], live[key[0]])
-        if row["termination"] != "error" and row["episode_id"] not in seen:
+        if row["termination"] not in NOT_THE_POLICY and row["episode_id"] not in seen:
             seen.add(row["episode_id"])
             live[key[0]].observe(row["task"], row["seed"], bool(row["success"]), row["policy"])
     return [decisions[(partition, offset)] for partition, offset, _ in batch]
@@ -104,7 +107,7 @@ def episode_history(sink, tasks: set[str]) -> list[dict]:
 
 
 def _judge(episode: EpisodeEvent, live: LiveSuccess) -> Curated | None:
-    if episode.termination == "error":
+    if episode.termination in NOT_THE_POLICY:
         return None
     rate = live.rate(episode.task)
     solved = rate is not None and rate >= SOLVED

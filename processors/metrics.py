@@ -5,6 +5,8 @@ which runs as a thread of the worker."""
 
 from prometheus_client import Counter, Histogram
 
+from schemas import EpisodeEvent
+
 EVENTS = Counter(
     "flywheel_processor_events_total", "Events consumed by the sinks", ["topic", "outcome"]
 )  # outcome: ok | dead_letter | duplicate (already in Delta: a redelivery, or a copy of a step by event_id)
@@ -30,7 +32,12 @@ END_TO_END_SECONDS = Histogram(
 )
 EPISODES_SCORED = Counter(
     "flywheel_episodes_scored_total", "Episodes assembled and scored", ["task", "outcome", "model_version"]
-)  # outcome: success | failure
+)  # outcome: success | failure | abandoned (closed without a final step: processors.assembly); each a row in Delta
+OUTCOMES = ("success", "failure", "abandoned")
+LATE_STEPS = Counter(
+    "flywheel_processor_late_steps_total",
+    "Steps of an episode already closed as abandoned: written to Delta `steps`, not assembled again",
+)
 
 # Created at 0 so that dashboards and rates show "none" rather than "no data".
 for _reason in (
@@ -40,8 +47,14 @@ for _reason in (
     DEAD_LETTERS.labels(_reason)
 
 
-def count_episode(task: str, success: bool, model_version: str) -> None:
-    """Count a scored episode; both outcomes of a (task, version) exist from its first episode on."""
-    for outcome in ("success", "failure"):
-        EPISODES_SCORED.labels(task, outcome, model_version)
-    EPISODES_SCORED.labels(task, "success" if success else "failure", model_version).inc()
+def count_episode(episode: EpisodeEvent) -> None:
+    """Count a scored episode; every outcome of a (task, version) exists from its first episode on."""
+    for outcome in OUTCOMES:
+        EPISODES_SCORED.labels(episode.task, outcome, episode.model_version)
+    EPISODES_SCORED.labels(episode.task, episode_outcome(episode), episode.model_version).inc()
+
+
+def episode_outcome(episode: EpisodeEvent) -> str:
+    if episode.termination == "abandoned":
+        return "abandoned"
+    return "success" if episode.success else "failure"

@@ -21,18 +21,27 @@ class ScoreWeights:
 @dataclass
 class EpisodeProgress:
     """What assembly remembers of an unfinished episode. Keyed by step index, so a redelivered step
-    overwrites itself instead of counting twice."""
+    overwrites itself instead of counting twice. Small fields only, never a step: an open episode costs memory
+    until it ends or is abandoned."""
 
     task: str = ""
     client_id: str = ""
     model_version: str = ""
+    episode_id: str = ""
+    seed: int | None = None
     first_produced_at: float = 0.0
+    last_step: int = -1  # the furthest step seen, with its produced_at (an abandoned episode's) and env reward
+    last_produced_at: float = 0.0
+    last_reward: float = 0.0
     verified: dict[int, bool | None] = field(default_factory=dict)
 
     def add(self, step: StepEvent) -> None:
         if not self.verified:
             self.task, self.client_id, self.model_version = step.task, step.client_id, step.model_version
+            self.episode_id, self.seed = step.episode_id, step.seed
             self.first_produced_at = step.produced_at
+        if step.step >= self.last_step:
+            self.last_step, self.last_produced_at, self.last_reward = step.step, step.produced_at, step.reward
         self.verified[step.step] = step.verify.ok
 
 
@@ -72,7 +81,7 @@ def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeig
         success=success,
         termination=termination,
         model_version=last.model_version,
-        policy="expert" if last.model_version == "expert" else "model",
+        policy=policy_of(last.model_version),
         first_produced_at=progress.first_produced_at or last.produced_at,
         completion=completion,
         step_efficiency=efficiency,
@@ -81,3 +90,34 @@ def score_episode(last: StepEvent, progress: EpisodeProgress, weights: ScoreWeig
         + weights.step_efficiency * efficiency
         + weights.verification * verification,
     )
+
+
+def score_abandoned(progress: EpisodeProgress, weights: ScoreWeights = ScoreWeights()) -> EpisodeEvent:
+    """The EpisodeEvent of an episode closed without its final step (processors.assembly: no step for the gap).
+
+    Scored as a failure (no completion, no efficiency; its verification still counts), ended "abandoned", and
+    never a success: whatever its last reward, the env did not end it while anyone was listening.
+    """
+    verification = verification_rate(progress.verified)
+    return EpisodeEvent(
+        event_id=new_event_id(),
+        client_id=progress.client_id,
+        produced_at=progress.last_produced_at,  # its newest step's, as a complete episode's is its final step's
+        episode_id=progress.episode_id,
+        task=progress.task,
+        seed=progress.seed,
+        steps=progress.last_step + 1,  # as far as it got: its steps are in `steps`
+        raw_reward=progress.last_reward,
+        binary_reward=-1.0,
+        success=False,
+        termination="abandoned",
+        model_version=progress.model_version,
+        policy=policy_of(progress.model_version),
+        first_produced_at=progress.first_produced_at,
+        verification=verification,
+        score=weights.verification * verification,
+    )
+
+
+def policy_of(model_version: str) -> str:
+    return "expert" if model_version == "expert" else "model"

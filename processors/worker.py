@@ -50,6 +50,13 @@ def build_app(settings: Settings) -> faust.App:
     app = make_app(settings)
     topics = app_topics(app, settings)
     batchers: list[Batcher] = []
+    assembler = EpisodeAssembler(settings.tables_dir, settings.abandon_after_s, on_late=metrics.LATE_STEPS.inc)
+
+    @app.on_partitions_assigned.connect
+    async def forget_lost_partitions(_app, assigned, **_kwargs) -> None:
+        # The assignment is whole: what assembly holds of any other partition is stale from here on.
+        steps_topic = topics["steps"].get_topic_name()
+        assembler.assign(tp.partition for tp in assigned if tp.topic == steps_topic)
 
     @app.timer(interval=BATCH_WITHIN_S / 10)
     async def flush_due_batches():
@@ -69,7 +76,6 @@ def build_app(settings: Settings) -> faust.App:
     async def ingest_steps(stream):
         sink = DeltaSink(settings.tables_dir, STEPS)
         step_ids = RecentIds(sink, settings.dedup_window_s)
-        assembler = EpisodeAssembler(settings.tables_dir)
 
         async def write_steps(events) -> None:
             batch = step_records((event.message for event in events), settings.max_screenshot_bytes)
@@ -78,10 +84,10 @@ def build_app(settings: Settings) -> faust.App:
             # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
             # rather than losing them.
             sent = await dead_letter(fresh.dead.values())
-            for episode in await asyncio.to_thread(assembler.observe, list(fresh.steps.values())):
+            for episode in await asyncio.to_thread(assembler.observe_batch, fresh.steps):
                 # Keyed by task: a task's episodes in one partition, in one order (processors.curation).
                 sent.append(await topics["episodes"].send(key=episode.task.encode(), value=encode_event(episode)))
-                metrics.count_episode(episode.task, episode.success, episode.model_version)
+                metrics.count_episode(episode)
             await asyncio.gather(*sent)
             await _commit(sink, fresh.records)
             step_ids.written()

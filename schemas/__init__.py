@@ -2,6 +2,7 @@
 
 from schemas.events import (
     Action,
+    EpisodeEnding,
     EpisodeEvent,
     EventDecodeError,
     ModelVersionEvent,
@@ -16,6 +17,7 @@ from schemas.events import (
 
 __all__ = [
     "Action",
+    "EpisodeEnding",
     "EpisodeEvent",
     "EventDecodeError",
     "ModelVersionEvent",

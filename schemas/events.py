@@ -41,6 +41,9 @@ Termination = Literal[
     "gave_up",  # the policy could not read the screen (a scripted expert's LookupError)
     "error",  # the browser failed; says nothing about the policy
 ]
+# How an episode was closed: the edge loop's ending, or "abandoned": no step came for a while (its client died or
+# went quiet mid-episode), so assembly closed it without a final step (processors.assembly). Never a success.
+EpisodeEnding = Literal[Termination, "abandoned"]
 
 
 class Action(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -118,7 +121,7 @@ class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode")
     raw_reward: float
     binary_reward: float  # +1 success, -1 otherwise
     success: bool
-    termination: Termination
+    termination: EpisodeEnding  # v3: "abandoned" too
     model_version: str
     policy: str  # "expert" | "model"
     first_produced_at: float = 0.0
@@ -127,7 +130,7 @@ class EpisodeEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="episode")
     step_efficiency: float = 0.0
     verification: float = 0.0
     score: float = 0.0
-    schema_version: int = 2
+    schema_version: int = 3
 
 
 class ModelVersionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="model_version"):
@@ -165,7 +168,7 @@ class RolloutDecisionEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="r
 
 
 Event = StepEvent | EpisodeEvent | ModelVersionEvent | RolloutDecisionEvent
-CURRENT_VERSION: dict[str, int] = {"step": 2, "episode": 2, "model_version": 1, "rollout_decision": 1}
+CURRENT_VERSION: dict[str, int] = {"step": 2, "episode": 3, "model_version": 1, "rollout_decision": 1}
 _TYPES: dict[str, type] = {
     "step": StepEvent,
     "episode": EpisodeEvent,
@@ -214,10 +217,17 @@ def _episode_v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "termination": termination, "seed": None if seed == -1 else seed}
 
 
+def _episode_v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v3 only adds the ending "abandoned": every v2 episode is a v3 one as it is. The version moved so that a v2
+    reader dead-letters an abandoned episode as a version it does not know, instead of as an invalid field."""
+    return raw
+
+
 # (kind, version) -> the upcaster from that version to the next.
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("step", 1): _step_v1_to_v2,
     ("episode", 1): _episode_v1_to_v2,
+    ("episode", 2): _episode_v2_to_v3,
 }
 
 

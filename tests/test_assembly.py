@@ -1,12 +1,18 @@
+import asyncio
+from types import SimpleNamespace
+
 import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
+from prometheus_client import REGISTRY
 
-from lake.tables import PARTITION_BY, STEPS, STEPS_SCHEMA, table_uri
+from lake.tables import EPISODES, PARTITION_BY, STEPS, STEPS_SCHEMA, table_uri
 from processors.assembly import EpisodeAssembler
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import step_row
-from schemas import StepEvent, Verify, decode_event
+from processors.metrics import count_episode
+from processors.records import episode_records
+from processors.rows import episode_row, step_row
+from schemas import StepEvent, Verify, decode_event, encode_event
 from tests.factories import step_event, v1_step_bytes
 
 EPISODE = "c0-click-test-3-0"
@@ -62,3 +68,157 @@ def test_an_episode_of_v1_steps_is_assembled_as_before(tmp_path):
     v1 = [decode_event(v1_step_bytes(s), expect=StepEvent) for s in steps_of_one_episode()]
     (episode,) = EpisodeAssembler(tmp_path).observe(v1)
     assert episode.success and episode.termination == "success" and episode.seed == 3 and episode.steps == 3
+
+
+# --- every episode ends: abandoned by event time ------------------------------------------------------------------
+
+T0 = 1_700_000_000.0  # event time; the assembler's wall clock is far later (a backlog read long after)
+GAP = 300.0
+
+
+def at(seconds: float, episode_id: str = EPISODE, step: int = 0, done: bool = False, **fields) -> StepEvent:
+    """A step produced `seconds` of event time after T0."""
+    reward = fields.pop("reward", 1.0 if done else 0.0)
+    return step_event(episode_id, step=step, done=done, reward=reward, produced_at=T0 + seconds, **fields)
+
+
+def assembler_at(tmp_path, now: float = T0 + 86_400, **kwargs) -> EpisodeAssembler:
+    return EpisodeAssembler(tmp_path, abandon_after_s=GAP, clock=lambda: now, **kwargs)
+
+
+def test_an_episode_without_a_step_for_the_gap_of_event_time_is_closed_as_abandoned(tmp_path):
+    assembler = assembler_at(tmp_path)
+    quiet = [at(0, step=0, verify=Verify("x", "changed", True)), at(10, step=1, verify=Verify("x", "same", False))]
+    assert assembler.observe(quiet) == []  # a day of wall clock has passed, but no event time: nothing closes
+    assert assembler.observe([at(GAP + 10, "c1-click-test-8-0")]) == []  # exactly the gap since its last step
+    (abandoned,) = assembler.observe([at(GAP + 10.5, "c1-click-test-8-0", step=1)])
+    assert (abandoned.episode_id, abandoned.termination, abandoned.success) == (EPISODE, "abandoned", False)
+    assert (abandoned.steps, abandoned.binary_reward, abandoned.completion) == (2, -1.0, 0.0)
+    assert abandoned.produced_at == T0 + 10 and abandoned.first_produced_at == T0  # its last step's, like a final one
+    assert abandoned.verification == 0.5 and abandoned.score == 0.15 * 0.5
+    assert (abandoned.seed, abandoned.task, abandoned.policy) == (7, "click-test", "expert")
+    assert EPISODE not in assembler.open and "c1-click-test-8-0" in assembler.open
+
+
+def test_event_time_is_kept_per_partition(tmp_path):
+    assembler = assembler_at(tmp_path)
+    assembler.observe([at(0)], partition=0)
+    assert assembler.observe([at(GAP * 10, "c1-click-test-8-0")], partition=1) == []  # another partition's time
+    (abandoned,) = assembler.observe([at(GAP + 1, "c2-click-test-9-0")], partition=0)
+    assert abandoned.episode_id == EPISODE
+
+
+def test_a_batch_is_assembled_per_partition_in_each_partitions_order(tmp_path):
+    assembler = assembler_at(tmp_path)
+    batch = {("steps", 0, 0): at(0), ("steps", 1, 0): at(GAP * 10, "c1-click-test-8-0"),
+             ("steps", 0, 1): at(5, step=1, done=True)}  # fmt: skip
+    (episode,) = assembler.observe_batch(batch)
+    assert (episode.episode_id, episode.termination, episode.steps) == (EPISODE, "success", 2)
+
+
+def test_a_client_clock_ahead_cannot_abandon_the_others_and_one_behind_is_not_abandoned(tmp_path):
+    assembler = assembler_at(tmp_path, now=T0 + 100)
+    assembler.observe([at(0)])
+    assert assembler.observe([at(GAP * 100, "c1-click-test-8-0")]) == []  # in the future: event time stops at now
+    behind = [at(60 * i - 3600, "c2-click-test-9-0", step=i) for i in range(20)]  # an hour behind, a step a minute
+    others = [at(60 * i, f"c3-click-test-{i}-0") for i in range(20)]
+    steps = [s for pair in zip(others, behind, strict=True) for s in pair]  # the others' first step starts the clock
+    assembler = assembler_at(tmp_path)
+    closed = assembler.observe(steps)
+    assert "c2-click-test-9-0" not in {e.episode_id for e in closed} and "c2-click-test-9-0" in assembler.open
+
+
+def test_a_late_step_lands_counted_and_neither_reopens_nor_emits_the_episode_again(tmp_path):
+    late: list[int] = []
+    assembler = assembler_at(tmp_path, on_late=late.append)
+    emitted = assembler.observe([at(0), at(GAP + 1, "c1-click-test-8-0")])
+    final = at(GAP + 2, step=1, done=True)  # the client was only cut off: its final step comes after the close
+    emitted += assembler.observe([final, at(GAP + 3, step=1)])  # ... and a copy of a step with a new event_id
+    emitted += assembler.observe([at(GAP * 5, "c1-click-test-8-0", step=1, done=True)])
+    ended = [(e.episode_id, e.termination) for e in emitted]
+    assert ended == [(EPISODE, "abandoned"), ("c1-click-test-8-0", "success")]
+    assert sum(late) == 2 and EPISODE not in assembler.open
+    assert assembler.observe([at(GAP * 20)]) == []  # nor does time moving on close it twice
+
+
+def test_an_abandoned_episode_recalls_its_steps_committed_before_a_restart(tmp_path):
+    first, second = at(0, step=0, verify=Verify("x", "changed", True)), at(10, step=1, verify=Verify("x", "y", False))
+    DeltaSink(tmp_path, STEPS).write([Record("t", 0, 0, [step_row(first, 0, 0)])])
+    restarted = assembler_at(tmp_path)  # saw only the second step
+    (abandoned,) = restarted.observe([second, at(GAP + 11, "c1-click-test-8-0")])
+    assert (abandoned.steps, abandoned.verification, abandoned.first_produced_at) == (2, 0.5, T0)
+
+
+def test_after_a_restart_an_episode_already_in_the_table_is_not_emitted_again(tmp_path):
+    """A restart forgets what was closed: the `episodes` table remembers it."""
+    (abandoned,) = assembler_at(tmp_path).observe([at(0), at(GAP + 1, "c1-click-test-8-0")])
+    DeltaSink(tmp_path, STEPS).write([Record("steps", 0, 0, [step_row(at(0), 0, 0)])])
+    DeltaSink(tmp_path, EPISODES).write([Record("episodes", 0, 0, [episode_row(abandoned, 0, 0)])])
+    late: list[int] = []
+    restarted = assembler_at(tmp_path, on_late=late.append)
+    assert restarted.observe([at(GAP + 2, step=1), at(GAP + 3, step=2, done=True)]) == []  # its end: late
+    assert restarted.observe([at(GAP + 4, step=3)]) == []  # dropped at once now
+    assert restarted.observe([at(GAP * 3, "c1-click-test-8-0", step=1)]) == []  # nor is it abandoned again
+    assert sum(late) == 3 and EPISODE not in restarted.open
+    # Steps of an abandoned episode seen only after a restart, the last of them before another gap: not twice either.
+    restarted = assembler_at(tmp_path, on_late=late.append)
+    assert restarted.observe([at(GAP + 2, step=1), at(GAP * 3, "c1-click-test-8-0", step=1)]) == []
+    assert sum(late) == 4
+
+
+def test_partitions_lost_in_a_rebalance_are_forgotten(tmp_path):
+    assembler = assembler_at(tmp_path)
+    assembler.observe([at(0)], partition=0)
+    assembler.observe([at(0, "c1-click-test-8-0")], partition=1)
+    assembler.assign([1])  # partition 0 is another worker's now: it completes or abandons that episode
+    assert assembler.observe([at(GAP + 1, "c2-click-test-9-0")], partition=0) == []  # were it ever to come back
+    assert set(assembler.open) == {"c1-click-test-8-0", "c2-click-test-9-0"}
+
+
+def test_an_abandoned_episode_is_never_curated_nor_counted_a_success(tmp_path):
+    assembler = assembler_at(tmp_path)
+    # It even saw a positive reward before it went quiet: still no success.
+    (abandoned,) = assembler.observe([at(0, reward=1.0), at(GAP + 1, "c1-click-test-8-0")])
+    assert abandoned.termination == "abandoned" and not abandoned.success and abandoned.raw_reward == 1.0
+    message = SimpleNamespace(topic="episodes", partition=0, offset=5, value=encode_event(abandoned))
+    episodes, samples, dead = episode_records([message], lambda tasks: [])
+    assert dead == [] and samples[0].rows == []  # in `episodes`, nothing in `training_samples`
+    DeltaSink(tmp_path, EPISODES).write(episodes)
+    row = pl.read_delta(table_uri(tmp_path, EPISODES)).select("episode_id", "termination", "success").row(0)
+    assert row == (EPISODE, "abandoned", False)
+
+    before = REGISTRY.get_sample_value("flywheel_episodes_scored_total", outcome_labels("abandoned")) or 0.0
+    count_episode(abandoned)
+    assert REGISTRY.get_sample_value("flywheel_episodes_scored_total", outcome_labels("abandoned")) == before + 1
+    assert REGISTRY.get_sample_value("flywheel_episodes_scored_total", outcome_labels("success")) == 0.0
+
+
+def outcome_labels(outcome: str) -> dict[str, str]:
+    return {"task": "click-test", "outcome": outcome, "model_version": "expert"}
+
+
+def test_the_worker_tells_assembly_its_steps_partitions_after_a_rebalance_and_counts_late_steps(tmp_path, monkeypatch):
+    from faust.types import TP
+
+    from core.settings import Settings
+    from processors import worker
+
+    told: list[list[int]] = []
+    built: list[EpisodeAssembler] = []
+    monkeypatch.setattr(EpisodeAssembler, "assign", lambda self, partitions: told.append(sorted(partitions)))
+
+    def build(*args, **kwargs) -> EpisodeAssembler:
+        built.append(EpisodeAssembler(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(worker, "EpisodeAssembler", build)
+    settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p",
+                        abandon_after_s=42)  # fmt: skip
+    app = worker.build_app(settings)
+    asyncio.run(app.on_partitions_assigned.send({TP("p.steps", 2), TP("p.episodes", 1), TP("p.steps", 0)}))
+    assert told == [[0, 2]]
+    (assembler,) = built
+    before = REGISTRY.get_sample_value("flywheel_processor_late_steps_total")
+    assembler.on_late(2)
+    assert REGISTRY.get_sample_value("flywheel_processor_late_steps_total") == before + 2
+    assert assembler.abandon_after_s == 42

@@ -281,7 +281,8 @@ REFUSED = {
     "data_dir": ["", " ", "http://host/x", "s3://", "s3:///prefix"], "s3_endpoint": ["localhost:9000", "ftp://x"],
     "s3_region": [""], "topic_partitions": ["0"], "topic_retention_ms": ["-2"], "topic_prefix": ["a b", "a/b", ""],
     "max_screenshot_bytes": ["0"], "edge_spool_max_bytes": ["-1"], "canary_fraction": ["1.5", "-0.1"],
-    "canary_min_episodes": ["0"], "canary_margin": ["2"], "dedup_window_s": ["0"], "max_model_bytes": ["0"],
+    "canary_min_episodes": ["0"], "canary_margin": ["2"], "dedup_window_s": ["0"], "abandon_after_s": ["0", "-5"],
+    "max_model_bytes": ["0"],
     "security_protocol": ["TLS", "plaintext "], "sasl_mechanism": ["SCRAM"], "require_signed_models": ["maybe"],
 }  # fmt: skip
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from processors.curation import MIN_EPISODES, curate_batch
-from processors.scoring import EpisodeProgress, score_episode
+from processors.scoring import EpisodeProgress, score_abandoned, score_episode
 from schemas import Verify
 from tests.factories import step_event
 
@@ -70,3 +70,16 @@ def test_only_the_history_before_an_episode_grades_it():
 def test_partitions_keep_their_own_history():
     other_partition = [history_row(i, partition=1) for i in range(50)]
     assert judge(episode(), other_partition).weight == 2.0
+
+
+def test_abandoned_episodes_are_not_curated_and_not_held_against_the_model():
+    """Closed without a final step (its client went quiet): it says nothing about the policy, like a browser error."""
+    progress = EpisodeProgress()
+    progress.add(step_event("c0-click-test-7-0", step=0, done=False, reward=1.0, model_version="v1"))
+    abandoned = score_abandoned(progress)
+    assert abandoned.termination == "abandoned" and not abandoned.success and abandoned.policy == "model"
+    solved = [history_row(i) for i in range(50)]
+    assert judge(abandoned, solved) is None and judge(abandoned, []) is None
+    # 50 successes, then 50 abandoned episodes of the same model: the task is still solved, not suddenly hard.
+    gone = [history_row(50 + i, success=False) | {"termination": "abandoned"} for i in range(50)]
+    assert judge(episode(), solved + gone).weight == 0.1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from msgspec.structs import replace
 
 from core.processes import Child, wait_until
 from lake.queries import episode_stats, step_count
-from lake.tables import STEPS, TRAINING_SAMPLES, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
 from schemas import encode_event
 from streams.kafka_clients import MAX_REQUEST_BYTES, make_producer
 from streams.topics import topics_for
@@ -106,3 +109,31 @@ def test_malformed_events_go_to_dead_letters_and_the_stream_goes_on(stack):
 
     samples = pl.read_delta(table_uri(settings.tables_dir, TRAINING_SAMPLES))
     assert samples.height == 2 and set(samples["purpose"]) == {"demo"}
+
+
+def test_an_episode_whose_client_went_quiet_is_closed_as_abandoned_and_its_late_step_lands(stack):
+    """Event time: the other client's steps, produced 400 s later on the same partition, close the quiet episode at
+    once (the default 300 s gap), however soon the worker reads them; its final step, after the close, lands in
+    `steps` but neither reopens nor duplicates it."""
+    settings, t0 = stack.settings, time.time() - 3600
+    quiet = "c0-click-test-1-1"
+    steps = [step_event(quiet, step=0, done=False, reward=0.0, produced_at=t0)]
+    steps += [replace(s, produced_at=t0 + 400) for s in episode("c1", 2)]
+    steps += [step_event(quiet, step=1, done=True, reward=1.0, produced_at=t0 + 401)]  # late
+    producer = make_producer(settings, "test")
+    for step in steps:  # one partition, in this order
+        producer.send(topics_for(settings).steps.name, key=step.episode_id.encode(), value=encode_event(step),
+                      partition=0)  # fmt: skip
+    producer.flush()
+    producer.close()
+    worker = stack.start_worker()
+    wait_until(landed(settings, worker, len(steps)), 120, what="every step in Delta, the late one too")
+    wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 2, 60, what="episodes")
+    time.sleep(3)  # a second row of the quiet episode would have come by now
+    import polars as pl
+
+    episodes = pl.read_delta(table_uri(settings.tables_dir, EPISODES)).sort("episode_id")
+    rows = episodes.select("episode_id", "termination", "success", "steps").rows()
+    assert rows == [(quiet, "abandoned", False, 1), ("c1-click-test-2-2", "success", True, 2)]
+    samples = pl.read_delta(table_uri(settings.tables_dir, TRAINING_SAMPLES))
+    assert set(samples["episode_id"]) == {"c1-click-test-2-2"}  # the abandoned one is never curated

@@ -96,8 +96,39 @@ def test_v1_episode_is_upcast_to_v2_vocabulary(termination, success, seed, expec
         1.0 if success else -1.0, success, termination, "expert", "expert",
     )  # fmt: skip
     decoded = decode_event(msgspec.msgpack.encode(v1), expect=EpisodeEvent)
-    assert (decoded.termination, decoded.seed) == expected and decoded.schema_version == 2
+    assert (decoded.termination, decoded.seed) == expected and decoded.schema_version == 3
     assert decoded.success is success
+
+
+def abandoned_episode(**fields) -> EpisodeEvent:
+    return EpisodeEvent(
+        new_event_id(), "c0", 1.0, "c0-click-test-7-0", "click-test", 7, 2, 0.0, -1.0, False, "abandoned", "expert",
+        "expert", **fields,
+    )  # fmt: skip
+
+
+def test_episode_v3_may_be_abandoned_and_a_step_may_not():
+    episode = abandoned_episode()
+    decoded = decode_event(encode_event(episode))
+    assert decoded == episode and decoded.schema_version == 3 and decoded.termination == "abandoned"
+    raw = msgspec.msgpack.decode(encode_event(step_event()))
+    with pytest.raises(EventDecodeError) as info:  # only assembly abandons: no client can say so of its own step
+        decode_event(msgspec.msgpack.encode({**raw, "termination": "abandoned"}))
+    assert info.value.reason == "invalid_field" and "$.termination" in str(info.value)
+
+
+def test_v2_episode_is_upcast_to_v3_as_it_is():
+    raw = msgspec.msgpack.decode(encode_event(abandoned_episode()))
+    v2 = {**raw, "schema_version": 2, "termination": "timeout"}
+    decoded = decode_event(msgspec.msgpack.encode(v2), expect=EpisodeEvent)
+    assert decoded == msgspec.convert({**v2, "schema_version": 3}, EpisodeEvent) and decoded.termination == "timeout"
+
+
+def test_a_v2_reader_dead_letters_a_v3_episode_as_a_version_it_does_not_know(monkeypatch):
+    monkeypatch.setitem(events_module.CURRENT_VERSION, "episode", 2)
+    with pytest.raises(EventDecodeError) as info:
+        decode_event(encode_event(abandoned_episode()))
+    assert info.value.reason == "unknown_schema_version"
 
 
 def test_wrong_type_names_the_field():
