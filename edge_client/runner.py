@@ -21,12 +21,12 @@ from core.settings import TIER1_TASKS, Settings
 from edge_client import metrics
 from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
-from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher
+from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher, spool_dir
 from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Policy
 from policy.sampling import Sampling
 from policy.screen import encode_png
-from schemas import StepEvent, decode_event, encode_event, new_event_id
+from schemas import EventDecodeError, StepEvent, decode_event, encode_event, new_event_id
 from streams.kafka_clients import make_producer
 from streams.topics import topics_for
 
@@ -115,13 +115,18 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     delivered = Tally()
 
     def on_delivered(record: SpooledRecord) -> None:
-        task = decode_event(record.value, expect=StepEvent).task
+        try:
+            task = decode_event(record.value, expect=StepEvent).task
+        except EventDecodeError:  # left by an earlier client version: delivered all the same, the drain goes on
+            task = "unknown"
         delivered[task] += 1
         metrics.STEPS_PUBLISHED.labels(task).inc()
 
-    # Events go to the on-disk spool first and reach Kafka from there, in order, whenever it answers.
+    # Events go to the on-disk spool first and reach Kafka from there, in order, whenever it answers. What an earlier
+    # run of this client left there (killed, or stopped before Kafka took it) goes first; a run of this client still
+    # alive holds the spool, and this one stops here with SpoolInUse instead of sending its records a second time.
     publisher = SpoolingPublisher(
-        Spool(settings.home / "spool" / config.client_id, settings.edge_spool_max_bytes),
+        Spool(spool_dir(settings.home, config.client_id), settings.edge_spool_max_bytes),
         lambda: make_producer(settings, config.client_id),
         on_delivered,
     )

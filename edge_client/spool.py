@@ -7,10 +7,18 @@ File format of `spool.log`: records of [u32 topic length][u32 key length][u32 va
 Kafka. When the drain reaches the end, both are reset, so the file stays small in normal operation.
 A client killed after Kafka acknowledged records but before the cursor says so sends them again on its
 next run: the log then holds them twice, and the sinks keep one row per event_id (processors.dedup).
+
+Each client has its own spool, `$FLYWHEEL_HOME/spool/<client id>` (`spool_dir`), and whatever an earlier run left
+in it (killed, or stopped before Kafka took everything) is sent first by whoever opens it next: the client's next
+run, or `flywheel spool replay` for a client that never returns. The records are sent as they were spooled, so each
+event keeps its event_id. One process at a time: `hold` takes an flock while a Spool is open, so a second run of
+the client, or the replay command, is refused instead of sending the same records alongside it; the kernel
+drops the lock when its holder dies, even by SIGKILL, so no stale lock outlives a crash.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -19,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from kafka.errors import KafkaError
 
@@ -28,6 +37,18 @@ HEADER = struct.Struct(">III")
 
 class SpoolFull(RuntimeError):
     """The spool reached its bound: the client must stop acting; nothing spooled is dropped."""
+
+
+class SpoolInUse(RuntimeError):
+    """Another live process holds this spool: a run of the same client, or `flywheel spool replay`."""
+
+
+def spool_dir(home: Path, client_id: str) -> Path:
+    """The spool of client `client_id` under FLYWHEEL_HOME `home`: where each run of that client, and the replay
+    command, find what is owed to Kafka."""
+    if not client_id or client_id in (".", "..") or "/" in client_id or "\0" in client_id:
+        raise ValueError(f"client id {client_id!r} cannot name a spool directory")
+    return home / "spool" / client_id
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,7 @@ class Spool:
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
+        self._held = hold(directory / "lock")  # before recovery: only the holder may repair or send the log
         self.log_path = directory / "spool.log"
         self.cursor_path = directory / "cursor"
         self.lock = threading.Lock()
@@ -50,6 +72,8 @@ class Spool:
         self._recover()
         self._writer = open(self.log_path, "ab")
         self.pending_records = sum(1 for _ in self._read(self.cursor, None))  # left by an earlier run
+        if self.pending_records:  # that run died, or stopped before Kafka took everything: they go out first
+            log.warning("%d events left in %s by an earlier run; sending them first", self.pending_records, directory)
 
     def _recover(self) -> None:
         """Repair what a crash can leave: a cursor past the end (killed between truncating the log and
@@ -91,6 +115,8 @@ class Spool:
     def advance(self, offset: int, records: int) -> None:
         """Everything before `offset` is acknowledged by Kafka."""
         with self.lock:
+            if self._writer.closed:  # a send that outlived close: the lock is gone, the next holder sends them again
+                return
             self.pending_records -= records
             if offset >= self.size():  # drained: start the file afresh
                 self._writer.truncate(0)
@@ -120,7 +146,30 @@ class Spool:
                 count += 1
 
     def close(self) -> None:
-        self._writer.close()
+        with self.lock:
+            self._writer.close()
+            self._held.close()  # releases the flock: the next run of this client, or the replay command, may open it
+
+
+def hold(path: Path) -> TextIO:
+    """An exclusive flock on `path`, held while the returned file is open; SpoolInUse naming the holder's pid when
+    another process has it. flock, not a pid file alone: the kernel releases it when the holder dies, and a second
+    open in one process conflicts too."""
+    handle = open(path, "a+")  # noqa: SIM115 (held for the spool's life)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise SpoolInUse(
+            f"edge spool {path.parent} is in use by process {holder} (a run of this client, or `flywheel spool "
+            "replay`); stop it first, or let it send the spool itself"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 class SpoolingPublisher:

@@ -114,16 +114,46 @@ def _edge(p: argparse.ArgumentParser) -> None:
 
 def cmd_edge(args: argparse.Namespace) -> int:
     from edge_client.runner import EdgeConfig, run_client
+    from edge_client.spool import SpoolInUse
     from edge_client.teacher import TeacherConfig
 
     config = config_from(args, EdgeConfig, teacher=config_from(args, TeacherConfig))
-    summary = run_client(config, get_settings())
+    try:
+        summary = run_client(config, get_settings())
+    except SpoolInUse as error:  # this client id already runs (or its spool is being replayed): one sender only
+        print(f"flywheel edge: {error}", file=sys.stderr)
+        return 1
     print(json.dumps(summary.__dict__))
     if summary.unsent:
         print(
             f"{summary.unsent} events are still spooled (Kafka unreachable); the next run sends them", file=sys.stderr
         )
     return 0 if summary.unsent == 0 else 1
+
+
+def _spool(p: argparse.ArgumentParser) -> None:
+    from flywheel.ops.spool import SpoolReplayConfig
+
+    actions = p.add_subparsers(dest="action", required=True)
+    help_text = "send a dead edge client's spool to Kafka, exactly once by event_id, and empty it"
+    replay = actions.add_parser("replay", help=help_text, description=help_text, formatter_class=HelpFormatter)
+    add_config_arguments(replay, SpoolReplayConfig)
+    replay.set_defaults(func=cmd_spool_replay)
+
+
+def cmd_spool_replay(args: argparse.Namespace) -> int:
+    from edge_client.spool import SpoolInUse
+    from flywheel.ops.spool import NoSpool, SpoolReplayConfig, replay_spool
+
+    try:
+        result = replay_spool(config_from(args, SpoolReplayConfig), get_settings())
+    except (SpoolInUse, NoSpool) as error:  # the client still runs, or no such spool: nothing sent
+        print(f"flywheel spool replay: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.__dict__))
+    if result.left:
+        print(f"{result.left} events are still spooled (Kafka unreachable); run the replay again", file=sys.stderr)
+    return 0 if result.left == 0 else 1
 
 
 def _sft(p: argparse.ArgumentParser) -> None:
@@ -474,6 +504,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "objectstore": ("the local S3-compatible object store (S3Proxy 4.x, from Maven Central)", _objectstore),
     "process": ("run the faust stream processors (steps -> Delta)", _process),
     "edge": ("run one edge client", _edge),
+    "spool": ("an edge client's on-disk spool: `replay` sends a dead client's to Kafka and empties it", _spool),
     "sft": ("one SFT run on the Delta tables' demonstrations and successes, published as a model version", _sft),
     "learner": ("the continuous learner: SFT -> offline RL -> online RL, a version every N episodes", _learner),
     "eval": ("success rate per task with the binary reward", _eval),

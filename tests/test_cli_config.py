@@ -130,6 +130,7 @@ FLAGS_IN_USE = {
     "bench pipeline": "--events --rate --client-steps-per-s --out",
     "bench maintenance": "--steps --commits --out",
     "maintain": "--once --interval --json --min-retention-hours",
+    "spool replay": "--client-id --home",
 }
 
 
@@ -164,6 +165,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
+    from flywheel.ops.spool import SpoolReplayConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.release import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
@@ -173,7 +175,7 @@ def config_classes() -> dict[str, type]:
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
                CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
-               ChaosConfig)  # fmt: skip
+               ChaosConfig, SpoolReplayConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
@@ -222,6 +224,8 @@ def test_command_lines_parse_into_their_configs(commands, config_classes):
     assert demo == c["DemoConfig"](prometheus=False, tasks=("click-test",))
     bench = config_from(parser.parse_args(["bench", "edge", "--rounds", "1"]), c["EdgeBenchConfig"])
     assert bench == c["EdgeBenchConfig"](rounds=1)
+    replay = parser.parse_args(["spool", "replay", "--client-id", "c0", "--home", "/srv/c0-home"])
+    assert config_from(replay, c["SpoolReplayConfig"]) == c["SpoolReplayConfig"]("c0", Path("/srv/c0-home"))
     # sft: the flags given replace the recipe's values, the rest stay the recipe's.
     learn = parser.parse_args(["sft", "--steps", "3", "--keep-ratios", "0.5,1", "--no-warm-start"])
     recipe = VLARecipe.load("demo", **config_values(learn, c["VLATrainConfig"]))

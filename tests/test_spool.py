@@ -1,5 +1,5 @@
-"""The edge spool: order, bounds, restart, a broker that is away for a minute, and a client killed before its cursor
-write."""
+"""The edge spool: order, bounds, restart, a broker that is away for a minute, a client killed before its cursor
+write, one process per spool, and what a dead client left sent by its next start or by `flywheel spool replay`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,9 @@ from kafka import TopicPartition
 from kafka.errors import KafkaTimeoutError
 
 from core.processes import sigterm_requests_stop, wait_until
-from edge_client.spool import Spool, SpoolFull, SpoolingPublisher
+from edge_client.spool import Spool, SpoolFull, SpoolingPublisher, SpoolInUse, spool_dir
 from lake.tables import STEPS
+from processors.replay import assign_from_beginning, read_until
 from schemas import StepEvent, decode_event
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
@@ -117,22 +120,162 @@ def test_spool_repairs_a_stale_cursor_and_a_torn_record(tmp_path):
     assert [r.value for r in reopened.pending(10)] == [b"kept", b"next"]
 
 
+def client_env(stack, home: Path) -> dict[str, str]:
+    """A client process's environment: the test's run on the session broker, FLYWHEEL_HOME `home`."""
+    return {**os.environ, **stack.env, "FLYWHEEL_HOME": str(home)}
+
+
+def run_spool_client(stack, home: Path, *args: str) -> subprocess.CompletedProcess:
+    """tests.spool_client CLIENT_ID IDS_FILE STEPS [flags] to its end (killed if it outlives the timeout)."""
+    command = [sys.executable, "-m", "tests.spool_client", *args]
+    return subprocess.run(command, env=client_env(stack, home), cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@contextmanager
+def cut_off_client(stack, home: Path, client_id: str, ids_file: Path, steps: int, delivered: int):
+    """tests.spool_client running, cut off from Kafka after `delivered` of its `steps`, holding the rest spooled
+    until it is killed; yields the process once Kafka acknowledged those (its cursor moved past them) and SIGKILLs
+    it, if still alive, when the block ends."""
+    log = open(home.parent / f"{client_id}.log", "ab")  # noqa: SIM115 (closed below)
+    command = [sys.executable, "-m", "tests.spool_client", client_id, str(ids_file), str(steps),
+               "--cut-after", str(delivered)]  # fmt: skip
+    proc = subprocess.Popen(command, env=client_env(stack, home), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    directory = spool_dir(home, client_id)
+    try:
+        if delivered:  # acknowledged records move the cursor (the rest are never written: it cannot reach 0 again)
+            wait_until(lambda: int(read_or(directory / "cursor", "0")) > 0, 60, what="the first batch acknowledged")
+        else:  # nothing moves the cursor: it holds its spool from the start, and has spooled all once it lists them
+            wait_until(lambda: len(read_or(ids_file, "").split()) == steps, 60, what="the steps spooled")
+            assert read_or(directory / "lock", "") == str(proc.pid)
+        assert proc.poll() is None, (home.parent / f"{client_id}.log").read_text()[-3000:]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        log.close()
+
+
+def read_or(path: Path, default: str) -> str:
+    """A small file's stripped text, `default` while it does not exist or is still empty."""
+    try:
+        return path.read_text().strip() or default
+    except FileNotFoundError:
+        return default
+
+
+def replay_command(stack, home: Path, client_id: str) -> subprocess.CompletedProcess:
+    """`flywheel spool replay` from an operator's shell: its own FLYWHEEL_HOME, the dead client's given by --home."""
+    command = [sys.executable, "-m", "flywheel.cli", "spool", "replay", "--client-id", client_id, "--home", str(home)]
+    env = {**os.environ, **stack.env}
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def logged_event_ids(settings) -> Counter:
+    """How many times each event_id is in the run's steps topic now."""
+    consumer = make_consumer(settings, "spool-check")
+    try:
+        horizon = assign_from_beginning(consumer, [topics_for(settings).steps.name])
+        return Counter(
+            decode_event(record.value, expect=StepEvent).event_id
+            for batch in read_until(consumer, horizon)
+            for record in batch
+        )
+    finally:
+        consumer.close()
+
+
+def test_a_spool_is_held_by_one_process_at_a_time(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.append("t", b"k", b"owed")
+    with pytest.raises(SpoolInUse, match=f"in use by process {os.getpid()}"):
+        Spool(tmp_path, max_bytes=1 << 20)  # a second run of the same client while the first lives
+    spool.close()
+    assert [r.value for r in Spool(tmp_path, max_bytes=1 << 20).pending(10)] == [b"owed"]  # the next holder's
+    with pytest.raises(ValueError, match="cannot name a spool"):
+        spool_dir(tmp_path, "../c0")
+
+
+def test_a_second_run_of_a_live_client_id_is_refused_before_it_acts(tmp_path):
+    """`flywheel edge` with a client id whose spool a live process holds exits 1 saying so, before its browser."""
+    held = Spool(spool_dir(tmp_path, "twin-c0"), max_bytes=1 << 20)  # the first run, alive
+    try:
+        # No episodes: were it not refused, it would end at once instead of acting beside the first run.
+        command = [sys.executable, "-m", "flywheel.cli", "edge", "--client-id", "twin-c0", "--episodes", "0",
+                   "--metrics-port", "none"]  # fmt: skip
+        env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path)}
+        second = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        held.close()
+    assert second.returncode == 1 and f"in use by process {os.getpid()}" in second.stderr, second.stderr
+
+
+@pytest.mark.kafka
+def test_a_client_killed_with_events_spooled_sends_them_on_its_next_start_each_once(stack, tmp_path):
+    """Cut off from Kafka after its first batch, the client spools the rest and is SIGKILLed; its next start (same
+    client id, same FLYWHEEL_HOME) sends the leftover first, then its own: every event_id once in the topic."""
+    home, ids_file = tmp_path / "home", tmp_path / "ids"
+    with cut_off_client(stack, home, "killed-c0", ids_file, 300, delivered=100) as client:
+        client.send_signal(signal.SIGKILL)
+        assert client.wait(30) == -signal.SIGKILL
+    spooled = ids_file.read_text().split()
+    assert logged_event_ids(stack.settings) == Counter(spooled[:100]), "only the first batch reached Kafka"
+
+    restarted = run_spool_client(stack, home, "killed-c0", str(ids_file), "50")
+    assert restarted.returncode == 0, restarted.stderr
+    assert "200 events left in" in restarted.stderr  # it said what it found
+    spooled = ids_file.read_text().split()
+    assert len(spooled) == 350
+    assert logged_event_ids(stack.settings) == Counter(spooled)  # each once: none lost, none replayed and re-sent
+    assert (spool_dir(home, "killed-c0") / "spool.log").stat().st_size == 0  # nothing stays spooled
+
+
+@pytest.mark.kafka
+def test_spool_replay_sends_what_a_dead_client_left_once_and_empties_its_spool(stack, tmp_path):
+    """A client that never comes back: `flywheel spool replay` sends what it left, each event_id once; a second
+    replay finds nothing left to send."""
+    home, ids_file = tmp_path / "home", tmp_path / "ids"
+    with cut_off_client(stack, home, "dead-c0", ids_file, 300, delivered=100) as client:
+        client.send_signal(signal.SIGKILL)
+        client.wait(30)
+    replayed = replay_command(stack, home, "dead-c0")
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["sent"] == 200 and json.loads(replayed.stdout)["left"] == 0
+    spooled = ids_file.read_text().split()
+    assert logged_event_ids(stack.settings) == Counter(spooled)
+    again = replay_command(stack, home, "dead-c0")
+    assert again.returncode == 0 and json.loads(again.stdout)["sent"] == 0, again.stderr
+    assert logged_event_ids(stack.settings) == Counter(spooled)  # nothing sent twice
+
+
+@pytest.mark.kafka
+def test_spool_replay_refuses_a_live_client_and_sends_nothing(stack, tmp_path):
+    home, ids_file = tmp_path / "home", tmp_path / "ids"
+    with cut_off_client(stack, home, "live-c0", ids_file, 50, delivered=0) as client:
+        refused = replay_command(stack, home, "live-c0")
+        assert refused.returncode == 1 and f"in use by process {client.pid}" in refused.stderr, refused.stderr
+        assert client.poll() is None  # the client goes on
+    assert logged_event_ids(stack.settings) == Counter()
+    left = Spool(spool_dir(home, "live-c0"), max_bytes=1 << 20)  # the client is dead now: its spool is untouched
+    assert left.pending_records == 50
+    left.close()
+    assert replay_command(stack, home, "nobody").returncode == 1  # a client id that never spooled here: said so
+
+
 @pytest.mark.kafka
 def test_an_edge_client_killed_between_ack_and_cursor_write_sends_again_and_every_step_lands_once(stack, tmp_path):
     """SIGKILLed after Kafka acknowledged its first batch, before the spool's cursor moved: restarted, the client
     sends that batch again, so the log holds it twice; the tables hold every step once."""
     pipeline = Pipeline(stack, tmp_path)
     worker = pipeline.start_worker()
-    spool_dir, ids_file = tmp_path / "spool", tmp_path / "ids"
+    home, ids_file = tmp_path / "home", tmp_path / "ids"
 
     def client(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "tests.spool_client", str(spool_dir), str(ids_file), *args]
-        env = {**os.environ, **stack.env}
-        return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return run_spool_client(stack, home, "acked-c0", str(ids_file), *args)
 
     killed = client("300", "--die-after-ack")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    cursor = spool_dir / "cursor"
+    cursor = spool_dir(home, "acked-c0") / "cursor"
     assert not cursor.exists() or cursor.read_text() == "0", "the kill should land before the cursor write"
     restarted = client("90")
     assert restarted.returncode == 0, restarted.stderr
