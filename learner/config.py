@@ -57,7 +57,15 @@ class VLATrainConfig:
     keep_ratios: tuple[float, ...] = (0.25, 0.25, 0.5, 1.0)
     """Each batch uses one of these visual-token keep ratios (uniformly drawn)."""
     relevance_weight: float = 0.5
-    """λ_rel: weight of the target-patch NLL that teaches the pruning relevance."""
+    """λ_rel: weight of the target-patch NLL that teaches the pruning relevance (pointer models; a click-map
+    model's relevance is its map's cell marginal, taught by map_weight)."""
+    map_weight: float = 1.0
+    """Click-map models (VLAConfig.click_map): weight of the click NLL over the target's element box."""
+    map_only_fraction: float = 0.0
+    """Click-map models: the first this fraction of a run's steps train the encoder and its click map alone, on
+    click steps (task-balanced), without the decoder's forward pass (3-4x cheaper); the rest train the whole model."""
+    task_balanced: bool = False
+    """Draw a task uniformly, then one of its steps (False: steps uniformly, so multi-step tasks fill batches)."""
     augment_shift_px: int = 0
     """Training views (learner.augment): largest random shift in pixels, each axis; 0: none."""
     augment_scale: float = 0.0

@@ -25,7 +25,7 @@ def table_versions(tables_dir: Location) -> dict[str, int]:
 def load_samples(
     tables_dir: Location, purposes: tuple[str, ...], versions: dict[str, int] | None = None
 ) -> pl.DataFrame:
-    """Rows of `training_samples` with the given purposes, joined to their step payloads.
+    """Rows of `training_samples` with the given purposes, joined to their step payloads (SFT_COLUMNS + target_box).
 
     `versions` pins the table versions read (time travel), so a training run is reproducible.
     """
@@ -33,8 +33,16 @@ def load_samples(
     samples = scan(
         table_uri(tables_dir, TRAINING_SAMPLES), versions[TRAINING_SAMPLES], ["episode_id", "step", "purpose", "weight"]
     ).filter(pl.col("purpose").is_in(list(purposes)))
-    steps = scan(table_uri(tables_dir, STEPS), versions[STEPS], SFT_COLUMNS)
+    steps = steps_with_target_box(table_uri(tables_dir, STEPS), versions[STEPS])
     return samples.join(steps, on=["episode_id", "step"], how="inner").collect()
+
+
+def steps_with_target_box(uri: str, version: int) -> pl.LazyFrame:
+    """SFT_COLUMNS + `target_box` (each expert click's element box) of the steps table, the box empty in tables
+    written before the experts recorded it."""
+    if "target_box" in scan(uri, version).collect_schema().names():
+        return scan(uri, version, [*SFT_COLUMNS, "target_box"])
+    return scan(uri, version, SFT_COLUMNS).with_columns(pl.lit([], dtype=pl.List(pl.Float32)).alias("target_box"))
 
 
 def load_rollouts(
@@ -68,15 +76,6 @@ def load_rollouts(
 
 def load_trajectories(tables_dir: Location, versions: dict[str, int] | None = None) -> pl.DataFrame:
     """The demonstrations as expert trajectories for semi-online RL and SOP (learner.semi_online): SFT_COLUMNS
-    + target_box (each click's element box; empty in tables written before the experts recorded it), in
-    episode and step order. Curation keeps only successful demonstrations, so every trajectory reaches its goal."""
-    steps = scan(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
-    if "target_box" not in steps.collect_schema().names():
-        steps = steps.with_columns(pl.lit([], dtype=pl.List(pl.Float32)).alias("target_box"))
-    samples = load_samples(tables_dir, ("demo",), versions).select("episode_id", "step")
-    return (
-        samples.lazy()
-        .join(steps.select(*SFT_COLUMNS, "target_box"), on=["episode_id", "step"], how="inner")
-        .sort("episode_id", "step")
-        .collect()
-    )
+    + target_box, in episode and step order. Curation keeps only successful demonstrations, so every trajectory
+    reaches its goal."""
+    return load_samples(tables_dir, ("demo",), versions).select(*SFT_COLUMNS, "target_box").sort("episode_id", "step")

@@ -16,7 +16,7 @@ from learner.augment import random_view
 from learner.config import Augmentation
 from learner.vla import IGNORE, VLAConfig, target_patch_index
 from policy.pruning import PruningConfig, patch_prior
-from policy.screen import POSITIONAL_TYPES, decode_png
+from policy.screen import POSITIONAL_TYPES, SCREEN_H, SCREEN_W, decode_png
 from policy.tokens import ActionTokenizer, char_ids, short_thought
 from schemas import Action
 
@@ -67,19 +67,46 @@ class VLADataset:
             self.action.append(action)
             self.prompt.append(prompt)
             self.generated.append(list(row.get("tokens") or []))
+        # The element a click aims at (left, top, right, bottom), where the expert recorded it: every bin of it is a
+        # right answer for a click-map model (learner.vla.click_map_nll); without it, the clicked bin alone.
+        boxes = frame["target_box"].to_list() if "target_box" in frame.columns else [None] * frame.height
+        self.boxes = [tuple(b) if b is not None and len(b) == 4 else None for b in boxes]
         # The rows a batch may train on: all but the context rows before a teacher's label (`train` false).
         train = frame["train"].fill_null(True).to_numpy() if "train" in frame.columns else np.ones(frame.height, bool)
         self.trainable = np.flatnonzero(train)
+        self.positional = np.array([a.type in POSITIONAL_TYPES for a in self.action], dtype=bool)
+        self.tasks = frame["task"].to_numpy() if "task" in frame.columns else np.full(frame.height, "")
+        self.by_task = _rows_by_task(self.tasks, self.trainable)
+        self.clicks_by_task = _rows_by_task(self.tasks, self.trainable[self.positional[self.trainable]])
 
     def __len__(self) -> int:
         return len(self.action)
 
-    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """(size,) trainable rows drawn uniformly with replacement (the same draws as before context rows existed
-        when every row is trainable: a seeded run's weights do not change)."""
+    def sample(self, rng: np.random.Generator, size: int, task_balanced: bool = False,
+               clicks_only: bool = False) -> np.ndarray:  # fmt: skip
+        """(size,) trainable rows drawn with replacement: uniformly over rows (the same draws as before context
+        rows existed when every row is trainable: a seeded run's weights do not change), or `task_balanced`: a
+        task uniformly, then one of its rows, so long multi-step episodes do not crowd out the one-click tasks.
+        `clicks_only`: rows whose action has a screen target (click, scroll), task-balanced."""
+        if clicks_only or task_balanced:
+            groups = self.clicks_by_task if clicks_only else self.by_task
+            if not groups:
+                raise ValueError("no trainable click steps to sample" if clicks_only else "no trainable rows to sample")
+            picks = rng.integers(0, len(groups), size=size)
+            return np.array([groups[g][rng.integers(0, len(groups[g]))] for g in picks], dtype=np.int64)
         if len(self.trainable) == len(self):
             return rng.integers(0, len(self), size=size)
         return self.trainable[rng.integers(0, len(self.trainable), size=size)]
+
+    def rows_per_task(self) -> dict[str, dict[str, int]]:
+        """What the sampler draws from, per task: trainable rows, click rows and the distinct screens of those."""
+        out = {}
+        for task in sorted(set(self.tasks[self.trainable])):
+            rows = self.trainable[self.tasks[self.trainable] == task]
+            clicks = rows[self.positional[rows]]
+            out[str(task)] = {"rows": len(rows), "click_rows": len(clicks),
+                              "click_screens": len({hash(self.screens[i].tobytes()) for i in clicks})}  # fmt: skip
+        return out
 
     def _previous_screen(self, i: int) -> np.ndarray | None:
         return self.screens[self.previous[i]] if self.previous[i] >= 0 else None
@@ -93,6 +120,7 @@ class VLADataset:
         them)."""
         augment = augmentation is not None and augmentation.active
         images, priors, actions = self.screens[idx], self.priors[idx], [self.action[i] for i in idx]
+        boxes = [self.boxes[i] for i in idx]
         if augment:
             images, priors = images.copy(), priors.copy()
             for row, i in enumerate(idx):
@@ -105,6 +133,9 @@ class VLADataset:
                 if target is not None:
                     x, y = view.point(*target)
                     actions[row] = msgspec.structs.replace(actions[row], x=x, y=y)
+                if boxes[row] is not None:
+                    left, top, right, bottom = boxes[row]
+                    boxes[row] = (*view.point(left, top), *view.point(right, bottom))
         if augment and any(self.generated[i] for i in idx):
             raise ValueError("recorded rollout tokens cannot be augmented: a view would move the clicked pixels")
         texts, prompt_lens, target_patch = [], [], np.full(len(idx), -1, dtype=np.int64)
@@ -120,7 +151,12 @@ class VLADataset:
         for row, (text, start) in enumerate(zip(texts, prompt_lens, strict=True)):
             text_ids[row, : len(text)] = text
             labels[row, start : len(text)] = text[start:]
-        return {
+        extra = {}
+        if self.cfg.click_map:
+            extra["positives"] = torch.from_numpy(np.stack([
+                click_positives(self._target(a), box if a.type in POSITIONAL_TYPES else None, self.tok.bin_px)
+                for a, box in zip(actions, boxes, strict=True)]))  # fmt: skip  # (B, Y, X) bool
+        return extra | {
             "image": torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),  # (B, 3, 210, 160)
             "prior": torch.from_numpy(priors),
             "instruction_ids": torch.from_numpy(_right_padded([self.instruction[i] for i in idx])),
@@ -129,6 +165,30 @@ class VLADataset:
             "labels": torch.from_numpy(labels),
             "target_patch": torch.from_numpy(target_patch),
         }
+
+
+def click_positives(point: tuple[float, float] | None, box: tuple[float, ...] | None, bin_px: int) -> np.ndarray:
+    """(Y, X) bool over the screen's bins: those whose centre lies in the target's element box, and always the
+    bin of the clicked point itself (a box too small to hold a bin centre still has its click). All False when
+    the action has no screen target."""
+    ny, nx = -(-SCREEN_H // bin_px), -(-SCREEN_W // bin_px)
+    positives = np.zeros((ny, nx), dtype=bool)
+    if point is None:
+        return positives
+    if box is not None:
+        left, top, right, bottom = box
+        centres_x, centres_y = (np.arange(nx) + 0.5) * bin_px, (np.arange(ny) + 0.5) * bin_px
+        inside_x = (centres_x >= left) & (centres_x <= right)
+        inside_y = (centres_y >= top) & (centres_y <= bottom)
+        positives |= inside_y[:, None] & inside_x[None, :]
+    x, y = point
+    positives[min(max(int(y // bin_px), 0), ny - 1), min(max(int(x // bin_px), 0), nx - 1)] = True
+    return positives
+
+
+def _rows_by_task(tasks: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """`rows` grouped by their task, one array per task (tasks sorted)."""
+    return [rows[tasks[rows] == task] for task in sorted(set(tasks[rows]))]
 
 
 def _right_padded(rows: list[list[int]]) -> np.ndarray:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from policy.pruning import grid_shape
+from policy.pruning import MAP_TOP_CELLS, PROTECT, grid_shape
 from policy.screen import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
 from policy.tokens import CHAR_VOCAB, special_tokens
 
@@ -97,6 +97,11 @@ class VLAConfig:
     pointer_relevance: bool = False
     """Add each kept patch's relevance (times a learned scale) to the coordinate tokens' pointer scores: the
     decoder then points where the encoder found what the instruction names, and refines from there."""
+    click_map: bool = False
+    """"reading" only: the click is a dense map on the encoder's cells, one logit per bin_px sub-cell of the
+    whole screen under one joint softmax, computed before any pruning; it scores the coordinate tokens (x: its
+    column marginal, y: the column the x token chose) and its cell marginal is the pruning relevance. False:
+    the decoder's pointer over the kept tokens (the models before it)."""
 
     def to_dict(self) -> dict:
         # Options left off are left out, so models without them keep the config (and the bundle bytes) they had.
@@ -106,6 +111,8 @@ class VLAConfig:
                 data.pop(name)
         if not self.pointer_relevance:
             data.pop("pointer_relevance")
+        if not self.click_map:
+            data.pop("click_map")
         if not self.history_actions:
             data.pop("history_actions")
         return data
@@ -136,9 +143,25 @@ class Pointer(NamedTuple):
     score_bias: torch.Tensor  # (B, k) added to every pointer score: scale * relevance, or 0 (pointer_relevance)
 
 
+class MapScores(NamedTuple):
+    x: torch.Tensor  # (B, T, X) log P(x) of each x token at each position
+    y: torch.Tensor  # (B, T, Y) log P(y | the x token the position reads)
+
+
 class Encoded(NamedTuple):
     patches: torch.Tensor  # (B, N, d) visual tokens with their 2-D position embeddings
     relevance: torch.Tensor  # (B, N) relevance logits of each patch to the instruction
+    click_map: torch.Tensor | None = None  # (B, 2R, 2C) log-probabilities of a click in each 5 px bin (click_map)
+
+
+SUB = 2  # the click map's sub-cells per cell side: 10 px cells, 5 px bins
+
+
+def click_map_layout(sub_logits: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(B, N, SUB*SUB) per-cell sub-cell logits (cells in raster order) -> (B, SUB*rows, SUB*cols) bin grid."""
+    b = sub_logits.shape[0]
+    grid = sub_logits.reshape(b, rows, cols, SUB, SUB).permute(0, 1, 3, 2, 4)  # (B, R, SUB, C, SUB)
+    return grid.reshape(b, rows * SUB, cols * SUB)
 
 
 class PatchEncoder(nn.Module):
@@ -272,7 +295,10 @@ class ReadingEncoder(nn.Module):
         if self.condition:  # every cell asks the characters what it might be showing
             self.cross_q, self.cross_k = nn.Linear(c, c), nn.Linear(c, c)
             self.cross_v, self.cross_out = nn.Linear(c, c), nn.Linear(c, c)
-        self.relevance_head = nn.Sequential(nn.Linear(c, c), nn.GELU(), nn.Linear(c, 1))
+        # click_map: SUB x SUB logits per cell (the map), whose logsumexp is the cell's relevance; else one logit.
+        self.click_map = cfg.click_map
+        self.rows, self.cols = grid_shape(cfg.patch_px)
+        self.relevance_head = nn.Sequential(nn.Linear(c, c), nn.GELU(), nn.Linear(c, SUB * SUB if cfg.click_map else 1))
         self.out = nn.Linear(c, d)
         self.norm = nn.LayerNorm(d)
         x_ids, y_ids = coordinate_ids(cfg)
@@ -300,11 +326,19 @@ class ReadingEncoder(nn.Module):
             # (B, N, L): every cell's affinity to every character
             scores = self.cross_q(cells) @ self.cross_k(states).transpose(1, 2) / math.sqrt(cells.shape[-1])
             cells = cells + self.cross_out((scores + pad_bias).softmax(-1) @ self.cross_v(states))
-        relevance = self.relevance_head(cells)[..., 0]  # (B, N)
+        heads = self.relevance_head(cells)  # (B, N, SUB*SUB) or (B, N, 1)
+        click_map = None
+        if self.click_map:
+            # One joint softmax over every bin of the screen: the click competes with the whole task area.
+            flat = click_map_layout(heads, self.rows, self.cols).flatten(1).log_softmax(-1)  # (B, 4N)
+            click_map = flat.reshape(-1, self.rows * SUB, self.cols * SUB)  # (B, 2R, 2C)
+            relevance = heads.logsumexp(-1)  # (B, N): a cell's share of the map (up to a constant)
+        else:
+            relevance = heads[..., 0]  # (B, N)
         patches = self.norm(self.out(cells)) + self.pos_scale * patch_positions(self.wte, self.x_ids, self.y_ids)
         # Detached: the relevance is taught by its own loss; the decoder only reads it.
         patches = patches + relevance.detach()[..., None] * self.relevance_embed
-        return Encoded(patches, relevance)
+        return Encoded(patches, relevance, click_map)
 
 
 class VLA(nn.Module):
@@ -338,6 +372,11 @@ class VLA(nn.Module):
         self.bins_per_patch = cfg.patch_px // cfg.bin_px
         if cfg.patch_px % cfg.bin_px or self.y0 != self.x0 + self.cols * self.bins_per_patch:
             raise ValueError(f"patch_px={cfg.patch_px} must be a multiple of bin_px={cfg.bin_px}")
+        self.nx, self.ny = self.cols * self.bins_per_patch, self.rows * self.bins_per_patch
+        if cfg.click_map:
+            if cfg.encoder != "reading" or self.bins_per_patch != SUB or cfg.pointer_relevance:
+                raise ValueError("click_map needs the reading encoder, patch_px = 2 * bin_px and no pointer_relevance")
+            return  # the map scores the coordinates: no pointer
         self.pointer_q = nn.Linear(cfg.d_model, cfg.relevance_dim)
         self.pointer_k = nn.Linear(cfg.d_model, cfg.relevance_dim)
         self.fine = nn.Linear(cfg.d_model, 2 * self.bins_per_patch)
@@ -348,6 +387,11 @@ class VLA(nn.Module):
     def wte(self) -> nn.Embedding:
         return self.decoder.transformer.wte
 
+    @property
+    def coordinate_ids(self) -> tuple[int, int]:
+        """[first, end) of the coordinate token ids: the x tokens, then the y tokens."""
+        return self.x0, self.y0 + self.ny
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -356,7 +400,11 @@ class VLA(nn.Module):
 
     def keep_indices(self, relevance: torch.Tensor, prior: torch.Tensor, keep: int) -> torch.Tensor:
         """(B, keep) indices of the kept patches in raster order (policy.pruning.select_patches in torch)."""
-        top = torch.topk(relevance.detach() + prior, keep, dim=1).indices
+        score = relevance.detach() + prior
+        if self.cfg.click_map:
+            protected = torch.topk(relevance.detach(), MAP_TOP_CELLS, dim=1).indices  # (B, MAP_TOP_CELLS)
+            score = score.scatter_add(1, protected, torch.full(protected.shape, PROTECT, dtype=score.dtype))
+        top = torch.topk(score, keep, dim=1).indices
         return top.sort(dim=1).values
 
     def sequence_embeds(self, patches: torch.Tensor, kept: torch.Tensor, text_ids: torch.Tensor) -> torch.Tensor:
@@ -370,21 +418,41 @@ class VLA(nn.Module):
         prior: torch.Tensor,  # (B, N) float, from policy.pruning.patch_prior
         instruction_ids: torch.Tensor,  # (B, L) instruction BPE ids, right-padded with 0 (the relevance query)
         instruction_chars: torch.Tensor,  # (B, Lc) policy.tokens.char_ids of the instruction, right-padded with 0
-        text_ids: torch.Tensor,  # (B, T) prompt + target, right-padded with 0
+        text_ids: torch.Tensor | None,  # (B, T) prompt + target, right-padded with 0; None: the encoder alone
         keep: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Teacher-forced pass. Returns (logits (B, T, V), relevance (B, N), kept (B, keep)).
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced pass. Returns (logits (B, T, V), relevance (B, N), click map (B, Y, X) or None).
 
         logits[:, t] is the prediction of text_ids[:, t] (from the position before it); the LM head runs
-        on text positions only (the visual positions predict nothing)."""
+        on text positions only (the visual positions predict nothing). text_ids None: no decoder pass, logits
+        None (a click map trained on steps with nothing for the decoder to write)."""
         encoded = self.encode(image, instruction_ids, instruction_chars)
+        if text_ids is None:
+            return None, encoded.relevance, encoded.click_map
         kept = self.keep_indices(encoded.relevance, prior, keep)
         embeds = self.sequence_embeds(encoded.patches, kept, text_ids)
         attention = torch.cat([torch.ones_like(kept), (text_ids != 0).long()], dim=1)
         hidden = self.decoder.transformer(inputs_embeds=embeds, attention_mask=attention).last_hidden_state
-        pointer = self.pointer_targets(embeds[:, :keep], kept, encoded.relevance.gather(1, kept))
-        logits = self.output_logits(hidden[:, keep - 1 : -1], pointer)  # (B, T, V)
-        return logits, encoded.relevance, kept
+        if self.cfg.click_map:
+            # logits[:, t] is read at the position of text_ids[:, t - 1] (the last visual token for t = 0)
+            read = torch.cat([torch.full_like(text_ids[:, :1], -1), text_ids[:, :-1]], dim=1)  # (B, T)
+            coordinates = self.map_scores(encoded.click_map, read)
+        else:
+            coordinates = self.pointer_targets(embeds[:, :keep], kept, encoded.relevance.gather(1, kept))
+        logits = self.output_logits(hidden[:, keep - 1 : -1], coordinates)  # (B, T, V)
+        return logits, encoded.relevance, encoded.click_map
+
+    def map_scores(self, click_map: torch.Tensor, read_ids: torch.Tensor) -> MapScores:
+        """The coordinate tokens' log-probabilities from the click map (B, Y, X), at positions reading read_ids
+        (B, T): x gets the map's column marginal; y the chosen column's conditional where the position reads an
+        x token (the only place the grammar allows y), the row marginal elsewhere."""
+        x_marginal = click_map.logsumexp(1)  # (B, X) log P(x)
+        column = (read_ids - self.x0).clamp(0, self.nx - 1)  # (B, T)
+        is_x = (read_ids >= self.x0) & (read_ids < self.x0 + self.nx)  # (B, T)
+        picked = click_map.gather(2, column[:, None, :].expand(-1, self.ny, -1)).transpose(1, 2)  # (B, T, Y)
+        y_given_x = picked - x_marginal.gather(1, column)[..., None]  # log P(y | x)
+        y = torch.where(is_x[..., None], y_given_x, click_map.logsumexp(2)[:, None, :])  # (B, T, Y)
+        return MapScores(x_marginal[:, None, :].expand(-1, read_ids.shape[1], -1), y)
 
     def pointer_targets(self, vis: torch.Tensor, kept: torch.Tensor, kept_relevance: torch.Tensor) -> Pointer:
         """What the coordinate tokens point at, computed once per step (not once per decoded token).
@@ -401,10 +469,16 @@ class VLA(nn.Module):
             return torch.zeros_like(kept_relevance)
         return self.pointer_scale * kept_relevance
 
-    def output_logits(self, hidden: torch.Tensor, pointer: Pointer) -> torch.Tensor:
-        """(B, T, d) final hidden states -> (B, T, V): the LM head, with coordinate ids scored by pointing."""
+    def output_logits(self, hidden: torch.Tensor, coordinates: Pointer | MapScores | None) -> torch.Tensor:
+        """(B, T, d) final hidden states -> (B, T, V): the LM head, with coordinate ids scored by pointing or by
+        the click map (None: the LM head alone, what a click-map model's decoder graphs compute)."""
         lm = self.decoder.lm_head(hidden)  # (B, T, V)
-        x_logits, y_logits = self.coordinate_logits(hidden, pointer)
+        if coordinates is None:
+            return lm
+        if isinstance(coordinates, MapScores):
+            x_logits, y_logits = coordinates
+        else:
+            x_logits, y_logits = self.coordinate_logits(hidden, coordinates)
         end = self.y0 + y_logits.shape[-1]
         return torch.cat([lm[..., : self.x0], x_logits, y_logits, lm[..., end:]], dim=-1)
 
@@ -433,6 +507,36 @@ def vla_loss(
     token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
     relevance_nll = target_patch_nll(relevance, target_patch)
     return token_nll + relevance_weight * relevance_nll, token_nll, relevance_nll
+
+
+def click_map_loss(
+    logits: torch.Tensor,  # (B, T, V) (VLA.forward)
+    labels: torch.Tensor,  # (B, T) target token per text position, IGNORE elsewhere
+    click_map: torch.Tensor,  # (B, Y, X) log-probabilities of a click in each bin (Encoded.click_map)
+    positives: torch.Tensor,  # (B, Y, X) bool: the bins inside the click target's element (none: no click)
+    coordinate_ids: tuple[int, int],  # [first, end) of the coordinate token ids (VLA.coordinate_ids)
+    map_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A click-map model's SFT loss: L = token NLL over the tokens the decoder writes + map_weight * click NLL.
+
+    The coordinate tokens leave the token mean: the map scores them, and its loss credits any bin of the target's
+    element (the expert's pixel is one of many right answers) once per click step, not as 2 tokens of ~15.
+    Returns (total, token_nll, click_nll)."""
+    first, end = coordinate_ids
+    decoder_labels = labels.masked_fill((labels >= first) & (labels < end), IGNORE)
+    token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), decoder_labels.reshape(-1), ignore_index=IGNORE)
+    click_nll = click_map_nll(click_map, positives)
+    return token_nll + map_weight * click_nll, token_nll, click_nll
+
+
+def click_map_nll(click_map: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    """Multi-positive NLL: mean over the rows with a target of -log sum_{bins in the target's box} P(bin).
+    click_map (B, Y, X) log-probabilities, positives (B, Y, X) bool -> scalar (0, with a gradient, when none)."""
+    has_target = positives.flatten(1).any(1)  # (B,)
+    if not has_target.any():
+        return click_map.sum() * 0.0
+    inside = click_map.masked_fill(~positives, float("-inf")).flatten(1).logsumexp(1)  # (B,) log P(box)
+    return -inside[has_target].mean()
 
 
 def target_patch_nll(relevance: torch.Tensor, target_patch: torch.Tensor) -> torch.Tensor:

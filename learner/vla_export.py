@@ -3,8 +3,10 @@
     encoder.onnx   image (1, 3, 210, 160) uint8, instruction_ids (1, L) int64 (the "patch" encoder) or
                    instruction_chars (1, Lc) int64 (the "reading" encoder: policy.tokens.char_ids)
                    -> patches (1, N, d), relevance (1, N), pointer_keys (1, N, r)
+                      (a click-map model: click_map (1, 2R, 2C) log-probabilities instead of pointer_keys)
     prefill.onnx   inputs_embeds (T, d) of [kept patches | prompt], pointer_keys (k, r), in_col (k, C), in_row (k, R)
-                   [, kept_relevance (k,): a model with pointer_relevance]
+                   [, kept_relevance (k,): a model with pointer_relevance] (a click-map model: no pointer inputs,
+                   and its logits are the LM head's: the runtime scores the coordinate tokens from the map)
                    -> logits (1, V) of the last position, present_key_0, present_value_0, ... (1, H, T, d/H)
     decode.onnx    inputs_embeds (1, d), positions (1,), seqlens_k (1,) int32, total_len () int32, the pointer
                    inputs, cache_key_0, cache_value_0, ... (1, H, capacity, d/H)
@@ -68,12 +70,19 @@ class EncoderGraph(nn.Module):
     def __init__(self, model: VLA):
         super().__init__()
         self.encoder = model.encoder
-        self.pointer_k = model.pointer_k
+        self.pointer_k = None if model.cfg.click_map else model.pointer_k
 
     def forward(self, image: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, ...]:
         encoded = self.encoder(image, text, text)
+        if self.pointer_k is None:  # a click-map model: the map scores the coordinates at the runtime
+            return encoded.patches, encoded.relevance, encoded.click_map
         # Pointer keys of every patch (a per-token linear map): the runtime keeps the rows of the kept patches.
         return encoded.patches, encoded.relevance, self.pointer_k(encoded.patches)
+
+
+def encoder_outputs(model: VLA) -> list[str]:
+    """The encoder graph's outputs: the third is the click map of a click-map model, else the pointer keys."""
+    return ["patches", "relevance", "click_map" if model.cfg.click_map else "pointer_keys"]
 
 
 class CachedAttention(torch.autograd.Function):
@@ -123,17 +132,21 @@ class _Decoder(nn.Module):
         h = h + linear(block.attn.c_proj, y)
         return h + linear(block.mlp.c_proj, block.mlp.act(linear(block.mlp.c_fc, block.ln_2(h))))
 
-    def logits(self, h: torch.Tensor, pointer_keys: torch.Tensor, in_col: torch.Tensor, in_row: torch.Tensor,
-               kept_relevance: tuple[torch.Tensor, ...]):  # fmt: skip
-        """(1, d) last hidden state -> (1, V): VLA.output_logits, its pointer logsumexps written as matmuls.
+    def logits(self, h: torch.Tensor, pointer: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """(1, d) last hidden state -> (1, V): VLA.output_logits, its pointer logsumexps written as matmuls; a
+        click-map model's LM head alone (the runtime scores its coordinates from the encoder's map).
 
-        kept_relevance: () or ((k,) relevance of the kept patches,) for a model with pointer_relevance.
+        pointer: () for a click-map model; else (pointer_keys (k, r), in_col (k, C), in_row (k, R)) and, for a
+        model with pointer_relevance, the kept patches' relevance (k,).
 
         logsumexp_i(s_i + bias_ic), bias 0 inside column c and -M outside, equals
         max + log(E @ in_col + e^-M * (sum(E) - E @ in_col)) with E = exp(s - max): two small matmuls
         instead of exponentiating the (k, C) and (k, R) sums every decoded token.
         """
         model, h = self.model, self.ln_f(h)
+        if not pointer:
+            return model.decoder.lm_head(h)
+        pointer_keys, in_col, in_row, *kept_relevance = pointer
         s = model.pointer_q(h) @ pointer_keys.transpose(0, 1) / math.sqrt(pointer_keys.shape[-1])  # (1, k)
         if kept_relevance:
             s = s + model.score_bias(kept_relevance[0])[None, :]
@@ -160,10 +173,8 @@ class PrefillGraph(_Decoder):
     def forward(
         self,
         inputs_embeds: torch.Tensor,  # (T, d): the edge runs one sequence at a time
-        pointer_keys: torch.Tensor,  # (k, r) pointer keys of the kept patches (learner.vla.Pointer)
-        in_col: torch.Tensor,  # (k, C): 1 where kept patch i lies in column c
-        in_row: torch.Tensor,  # (k, R)
-        *kept_relevance: torch.Tensor,  # (k,), only for a model with pointer_relevance
+        *pointer: torch.Tensor,  # pointer_keys (k, r), in_col (k, C), in_row (k, R)[, kept_relevance (k,)]; none
+        # for a click-map model (_Decoder.logits)
     ) -> tuple[torch.Tensor, ...]:
         positions = torch.arange(inputs_embeds.shape[0])
         h = inputs_embeds + self.wpe(positions)
@@ -189,7 +200,7 @@ class PrefillGraph(_Decoder):
                                for a, b in zip(starts, ends, strict=True)], dim=1)  # fmt: skip
             h = self.rest_of_block(block, h, y.transpose(0, 1).reshape(-1, self.d))
         # (1, V), (1, H, T, hd) per layer
-        return (self.logits(h, pointer_keys, in_col, in_row, kept_relevance), *presents)
+        return (self.logits(h, pointer), *presents)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(hd) + bias) v: (H, Tq, hd) queries, (H, Tk, hd) keys/values, (Tq, Tk) bias."""
@@ -205,13 +216,10 @@ class DecodeGraph(_Decoder):
         positions: torch.Tensor,  # (1,) int64: the token's absolute position
         seqlens_k: torch.Tensor,  # (1,) int32: cached tokens (GroupQueryAttention's total - 1)
         total_len: torch.Tensor,  # () int32: cached tokens + 1
-        pointer_keys: torch.Tensor,
-        in_col: torch.Tensor,
-        in_row: torch.Tensor,
-        *rest: torch.Tensor,  # [kept_relevance (k,), for pointer_relevance], key_0, value_0, key_1, ...
+        *rest: torch.Tensor,  # the pointer inputs (PrefillGraph; none for a click-map model), key_0, value_0, ...
     ) -> tuple[torch.Tensor, ...]:
         split = len(rest) - 2 * len(self.blocks)
-        kept_relevance, cache = rest[:split], rest[split:]  # cache buffers: (1, H, capacity, hd)
+        pointer, cache = rest[:split], rest[split:]  # cache buffers: (1, H, capacity, hd)
         h = inputs_embeds + self.wpe(positions)
         presents = []
         for layer, block in enumerate(self.blocks):
@@ -221,7 +229,7 @@ class DecodeGraph(_Decoder):
             presents += [key, value]
             h = self.rest_of_block(block, h, y[0])
         # presents: the cache buffers, filled
-        return (self.logits(h, pointer_keys, in_col, in_row, kept_relevance), *presents)
+        return (self.logits(h, pointer), *presents)
 
 
 def linear(conv1d: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -236,9 +244,11 @@ class CachedDecoder:
                  capacity: int):  # fmt: skip
         self.prefill, self.decode = PrefillGraph(model).eval(), DecodeGraph(model).eval()
         cfg = model.cfg
-        in_col, in_row = membership(kept.numpy(), model.cols, model.rows)
-        self.pointer = (pointer_keys, torch.from_numpy(in_col), torch.from_numpy(in_row),
-                        *((kept_relevance,) if cfg.pointer_relevance else ()))  # fmt: skip
+        self.pointer = ()
+        if not cfg.click_map:
+            in_col, in_row = membership(kept.numpy(), model.cols, model.rows)
+            self.pointer = (pointer_keys, torch.from_numpy(in_col), torch.from_numpy(in_row),
+                            *((kept_relevance,) if cfg.pointer_relevance else ()))  # fmt: skip
         shape = (1, cfg.n_heads, capacity, cfg.d_model // cfg.n_heads)
         self.cache = [torch.zeros(shape) for _ in range(2 * cfg.n_layers)]
         self.length = 0
@@ -266,8 +276,8 @@ def check_decoder_parity(model: VLA, seed: int = 0, atol: float = 1e-4) -> float
     embeds = torch.randn(1, 12, model.cfg.d_model, generator=gen)
     kept = torch.tensor([3, 40, 41, 200, 300])
     relevance = torch.randn(1, len(kept), generator=gen)
-    pointer = model.pointer_targets(embeds[:, :5], kept[None], relevance)
-    decoder = CachedDecoder(model, kept, pointer.keys[0], relevance[0], capacity=16)
+    pointer = None if model.cfg.click_map else model.pointer_targets(embeds[:, :5], kept[None], relevance)
+    decoder = CachedDecoder(model, kept, pointer and pointer.keys[0], relevance[0], capacity=16)
     worst = 0.0
     with torch.inference_mode():
         logits = decoder.start(embeds[0, :9])
@@ -303,16 +313,18 @@ def export_bundle(model: VLA, tok: ActionTokenizer, pruning: PruningConfig, path
     image = torch.randint(0, 256, (1, 3, SCREEN_H, SCREEN_W), dtype=torch.uint8)
     text_input = encoder_text_input(net)
     text = torch.randint(10, 90 if text_input == "instruction_chars" else cfg.vocab_size, (1, 7))
+    outputs = encoder_outputs(net)
     encoder = _export(
-        EncoderGraph(net), (image, text), ["image", text_input], ["patches", "relevance", "pointer_keys"],
-        {"image": {0: "batch"}, text_input: {0: "batch", 1: "length"}, "patches": {0: "batch"},
-         "relevance": {0: "batch"}, "pointer_keys": {0: "batch"}},
+        EncoderGraph(net), (image, text), ["image", text_input], outputs,
+        {"image": {0: "batch"}, text_input: {0: "batch", 1: "length"}, **{name: {0: "batch"} for name in outputs}},
     )  # fmt: skip
     kept, tokens, capacity = torch.tensor([0, 5, 9, 30]), 5, 9
-    in_col, in_row = membership(kept.numpy(), net.cols, net.rows)
-    pointer = (net.pointer_k(torch.randn(len(kept), cfg.d_model)), torch.from_numpy(in_col), torch.from_numpy(in_row),
-               *((torch.randn(len(kept)),) if cfg.pointer_relevance else ()))  # fmt: skip
-    pointer_names = ["pointer_keys", "in_col", "in_row", *(["kept_relevance"] if cfg.pointer_relevance else [])]
+    pointer, pointer_names = (), []
+    if not cfg.click_map:
+        in_col, in_row = membership(kept.numpy(), net.cols, net.rows)
+        pointer = (net.pointer_k(torch.randn(len(kept), cfg.d_model)), torch.from_numpy(in_col),
+                   torch.from_numpy(in_row), *((torch.randn(len(kept)),) if cfg.pointer_relevance else ()))  # fmt: skip
+        pointer_names = ["pointer_keys", "in_col", "in_row", *(["kept_relevance"] if cfg.pointer_relevance else [])]
     per_kept = {name: {0: "kept"} for name in pointer_names}
     present_names = [f"present_{name}" for name in cache_names(cfg.n_layers)]
     prefill = _export(

@@ -2,7 +2,7 @@
 
 The transformers GPT-2 forward with its own KV cache, one token per call, greedy under the same action
 grammar (policy.sampling.generate), same preprocessing and pruning. transformers' `generate`
-cannot be used as is: the coordinate tokens are scored by the model's pointer head, not by its LM head.
+cannot be used as is: the coordinate tokens are scored by the model's pointer head or click map, not by its LM head.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from learner.vla import VLA
-from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
+from policy.pruning import MAP_TOP_CELLS, PruningConfig, keep_count, patch_prior, select_patches
 from policy.runtime import StepTiming
 from policy.sampling import Generation, generate
 from policy.screen import screenshot_to_chw
@@ -42,7 +42,8 @@ def torch_step(
     encoded = model.encode(image, torch.tensor([tok.instruction_ids(instruction, cfg.max_instruction_tokens) or [0]]),
                            chars)  # fmt: skip
     prior = patch_prior(screenshot, previous, cfg.patch_px, pruning)
-    kept = select_patches(encoded.relevance[0].numpy(), prior, keep_count(cfg.num_patches, pruning.keep_ratio))
+    kept = select_patches(encoded.relevance[0].numpy(), prior, keep_count(cfg.num_patches, pruning.keep_ratio),
+                          MAP_TOP_CELLS if cfg.click_map else 0)  # fmt: skip
     kept_t = torch.from_numpy(kept)[None]
     visual = encoded.patches[:, kept_t[0]]  # (1, k, d)
     embeds = torch.cat([visual, model.wte(torch.tensor([prompt]))], dim=1)
@@ -50,14 +51,23 @@ def torch_step(
     # transformers' documented cache API: a DynamicCache passed as past_key_values grows in place per call.
     cache = DynamicCache()
     out = model.decoder.transformer(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
-    pointer = model.pointer_targets(visual, kept_t, encoded.relevance[:, kept_t[0]])
-    first = model.output_logits(out.last_hidden_state[:, -1:], pointer)[0, 0].numpy()
+    if cfg.click_map:  # the coordinates scored by the map, given the token each position reads
+
+        def coordinates(read: int):
+            return model.map_scores(encoded.click_map, torch.tensor([[read]]))
+    else:
+        pointer = model.pointer_targets(visual, kept_t, encoded.relevance[:, kept_t[0]])
+
+        def coordinates(read: int):
+            return pointer
+
+    first = model.output_logits(out.last_hidden_state[:, -1:], coordinates(prompt[-1]))[0, 0].numpy()
     t2 = time.perf_counter()
 
     def advance(token: int) -> np.ndarray:
         step = model.decoder.transformer(inputs_embeds=model.wte(torch.tensor([[token]])), past_key_values=cache,
                                          use_cache=True)  # fmt: skip
-        return model.output_logits(step.last_hidden_state, pointer)[0, 0].numpy()
+        return model.output_logits(step.last_hidden_state, coordinates(token))[0, 0].numpy()
 
     gen = generate(first, advance, tok, cfg.max_thought_tokens)
     t3 = time.perf_counter()

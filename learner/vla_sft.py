@@ -24,11 +24,11 @@ from tqdm import tqdm
 
 from learner import distributed
 from learner.checkpoints import load_vla
-from learner.config import VLARecipe
+from learner.config import VLARecipe, VLATrainConfig
 from learner.dataset import VLADataset, tokenizer_corpus
 from learner.lora import apply_lora
 from learner.training_run import VLAProgress, VLAResult, lr_at, open_run
-from learner.vla import VLA, VLAConfig, vla_loss
+from learner.vla import VLA, VLAConfig, click_map_loss, click_map_nll, vla_loss
 from policy.pruning import PruningConfig, keep_count
 from policy.tokens import ActionTokenizer, train_tokenizer
 
@@ -82,14 +82,18 @@ def train_vla(
         for group in optimizer.param_groups:
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
+        pretraining = model.cfg.click_map and step < config.map_only_fraction * config.steps
         # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
-        idx = data.sample(rng, config.batch_size)
+        idx = data.sample(rng, config.batch_size, config.task_balanced, clicks_only=pretraining)
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
-        logits, relevance, _ = net(batch["image"], batch["prior"], batch["instruction_ids"],
-                                   batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
-        total, token_nll, relevance_nll = vla_loss(
-            logits, batch["labels"], relevance, batch["target_patch"], config.relevance_weight
-        )
+        if pretraining:  # the encoder and its map alone: no decoder pass for steps with nothing to write
+            _, _, click_map = net(batch["image"], None, batch["instruction_ids"], batch["instruction_chars"], None, 0)
+            relevance_nll = click_map_nll(click_map, batch["positives"])
+            total, token_nll = config.map_weight * relevance_nll, relevance_nll * 0.0
+        else:
+            logits, relevance, click_map = net(batch["image"], batch["prior"], batch["instruction_ids"],
+                                               batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
+            total, token_nll, relevance_nll = sft_loss(model, logits, relevance, click_map, batch, config)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         if config.grad_clip > 0:
@@ -108,3 +112,19 @@ def train_vla(
             progress(VLAProgress(done, config.steps, losses[-1], token_nll.item(), relevance_nll.item(), lr, rate))
     bar.close()
     return run.finish(max(end, run.start_step), losses)
+
+
+def sft_loss(
+    model: VLA,
+    logits: torch.Tensor,
+    relevance: torch.Tensor,
+    click_map: torch.Tensor | None,
+    batch: dict[str, torch.Tensor],
+    config: VLATrainConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, token NLL, click or relevance NLL) of a full forward pass: the click map's loss for a click-map
+    model, else the pointer model's (learner.vla)."""
+    if click_map is not None:
+        return click_map_loss(logits, batch["labels"], click_map, batch["positives"], model.coordinate_ids,
+                              config.map_weight)  # fmt: skip
+    return vla_loss(logits, batch["labels"], relevance, batch["target_patch"], config.relevance_weight)

@@ -8,6 +8,7 @@ order (each carries its own 2-D position embedding, so dropping tokens does not 
           + ANCHOR   if anchor   a fixed stride grid of patches is always kept (spatial anchors)
           - FLAT     if flat     a patch whose pixels barely vary carries nothing (blank background)
           - unchanged_penalty    if the patch equals the previous frame's (nothing new happened there)
+          + PROTECT  if among the MAP_TOP_CELLS most relevant, for a click-map model (its click target)
 
 FLAT is large but finite: flat patches fill the budget only when the screen has too little else, so
 `keep` is the same for every screen (fixed shapes in training and at the edge). This module is
@@ -24,6 +25,10 @@ from policy.screen import SCREEN_H, SCREEN_W
 
 ANCHOR = 1e4
 FLAT = 1e3
+PROTECT = 1e5
+MAP_TOP_CELLS = 4
+"""A click-map model's decoder always sees the map's top cells, whatever the prior says of them (a solid colour
+box is flat, yet it may be the target): pruning thins the decoder's context, never what the map points at."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +87,11 @@ def patch_prior(image: np.ndarray, previous: np.ndarray | None, patch_px: int, c
     return prior
 
 
-def select_patches(relevance: np.ndarray, prior: np.ndarray, keep: int) -> np.ndarray:
-    """Indices (keep,) int64 of the kept patches in raster order: top-`keep` of relevance + prior."""
+def select_patches(relevance: np.ndarray, prior: np.ndarray, keep: int, protect: int = 0) -> np.ndarray:
+    """Indices (keep,) int64 of the kept patches in raster order: top-`keep` of relevance + prior, the `protect`
+    most relevant first (MAP_TOP_CELLS for a click-map model)."""
     score = relevance.astype(np.float32) + prior
+    if protect:
+        score[np.argpartition(-relevance, protect - 1)[:protect]] += PROTECT
     top = np.argpartition(-score, keep - 1)[:keep] if keep < len(score) else np.arange(len(score))
     return np.sort(top).astype(np.int64)

@@ -2,6 +2,7 @@
 
 One step:
     encoder(image, instruction)        -> patches (N, d), relevance (N,)   (instruction as BPE ids or characters)
+                                          [, click map (2R, 2C): a click-map model's coordinates, before pruning]
     select_patches(relevance + prior)  -> kept (k,)                       (policy.pruning)
     prefill([patches[kept] | wte[<bos> instruction history <sep>]])  -> logits, KV cache (into the cache buffers)
     repeat: token = argmax or a draw (policy.sampling) of the logits masked by the action grammar;
@@ -24,7 +25,7 @@ import onnxruntime as ort
 from policy.bundle import WEIGHTS, BundleError, read_bundle
 from policy.expectations import EXPECT_CHANGE, expect_change_near, expect_text
 from policy.interface import Decision, Observation, Policy
-from policy.pruning import PruningConfig, keep_count, patch_prior, select_patches
+from policy.pruning import MAP_TOP_CELLS, PruningConfig, keep_count, patch_prior, select_patches
 from policy.sampling import GREEDY, MAX_NEW_TOKENS, Generation, Sampling, generate
 from policy.screen import POSITIONAL_TYPES, screenshot_to_chw
 from policy.tokens import ActionTokenizer, Parsed, char_ids
@@ -82,6 +83,7 @@ class VLARuntime:
         self.encoder = ort.InferenceSession(members["encoder.onnx"], sess_options=opts, providers=providers)
         self.prefill = ort.InferenceSession(members["prefill.onnx"], sess_options=opts, providers=providers)
         self.decode = ort.InferenceSession(members["decode.onnx"], sess_options=opts, providers=providers)
+        self.click_map = bool(self.config.get("click_map"))
         self.patch_px = int(self.config["patch_px"])
         self.rows, self.cols = 210 // self.patch_px, 160 // self.patch_px
         self.num_patches = self.rows * self.cols
@@ -124,16 +126,21 @@ class VLARuntime:
         `history` its actions so far (read when the model was trained with history_actions > 0)."""
         t0 = time.perf_counter()
         prompt = self.prompt(instruction, history)
-        patches, relevance, pointer_keys = self.encoder.run(None, self.encoder_feeds(screenshot, instruction))
+        patches, relevance, third = self.encoder.run(None, self.encoder_feeds(screenshot, instruction))
         prior = patch_prior(screenshot, previous, self.patch_px, self.pruning)
-        kept = select_patches(relevance[0], prior, keep_count(self.num_patches, self.pruning.keep_ratio))
+        keep = keep_count(self.num_patches, self.pruning.keep_ratio)
+        kept = select_patches(relevance[0], prior, keep, MAP_TOP_CELLS if self.click_map else 0)
         t1 = time.perf_counter()
-        in_col, in_row = membership(kept, self.cols, self.rows)
-        pointing = {"pointer_keys": pointer_keys[0, kept], "in_col": in_col, "in_row": in_row}
+        pointing = {}
+        if not self.click_map:  # third: every patch's pointer key
+            in_col, in_row = membership(kept, self.cols, self.rows)
+            pointing = {"pointer_keys": third[0, kept], "in_col": in_col, "in_row": in_row}
         if self.config.get("pointer_relevance"):  # the decoder points from where the encoder found the target
             pointing["kept_relevance"] = np.ascontiguousarray(relevance[0, kept], dtype=np.float32)
         embeds = np.concatenate([patches[0, kept], self.wte[prompt]]).astype(np.float32)
         logits, *presents = self.prefill.run(None, {"inputs_embeds": embeds, **pointing})
+        if self.click_map:  # third: the click map, scoring the coordinate tokens
+            logits = map_scored(logits[0], third[0], prompt[-1], self.tok)[None]
         length = len(embeds)
         for buffer, present in zip(self.cache, presents, strict=True):
             buffer[:, :, :length] = present
@@ -153,6 +160,8 @@ class VLARuntime:
             for name, value in inputs.items():
                 self.binding.bind_cpu_input(name, value)
             self.decode.run_with_iobinding(self.binding)
+            if self.click_map:
+                return map_scored(self.logits[0], third[0], token, self.tok)
             return self.logits[0]  # overwritten by the next call: generate reads it before that
 
         gen = generate(logits[0], advance, self.tok, int(self.config["max_thought_tokens"]), sampling, rng)
@@ -164,6 +173,26 @@ class VLARuntime:
 def cache_names(n_layers: int) -> list[str]:
     """['key_0', 'value_0', 'key_1', ...]: the decoder graphs' cache_* inputs and present_* outputs."""
     return [f"{kv}_{layer}" for layer in range(n_layers) for kv in ("key", "value")]
+
+
+def map_scored(logits: np.ndarray, click_map: np.ndarray, read_token: int, tok: ActionTokenizer) -> np.ndarray:
+    """(V,) decoder logits with the coordinate tokens scored by the click map (Y, X) of log-probabilities, as
+    learner.vla.VLA.map_scores: x by the map's column marginal, y by the column of the x token just read (the row
+    marginal elsewhere; the grammar allows y only there)."""
+    out = logits.astype(np.float32, copy=True)
+    x_marginal = logsumexp(click_map, axis=0)  # (X,) log P(x)
+    out[tok.x0 : tok.x0 + tok.nx] = x_marginal
+    column = read_token - tok.x0
+    if 0 <= column < tok.nx:
+        out[tok.y0 : tok.y0 + tok.ny] = click_map[:, column] - x_marginal[column]  # log P(y | x)
+    else:
+        out[tok.y0 : tok.y0 + tok.ny] = logsumexp(click_map, axis=1)
+    return out
+
+
+def logsumexp(values: np.ndarray, axis: int) -> np.ndarray:
+    top = values.max(axis=axis, keepdims=True)
+    return (top + np.log(np.exp(values - top).sum(axis=axis, keepdims=True))).squeeze(axis)
 
 
 def membership(kept: np.ndarray, cols: int, rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,8 @@ straight from the browser (the pipeline path is covered by the release smoke tes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 import pytest
@@ -16,13 +18,22 @@ from edge_client.experts import expert_for
 from learner.augment import random_view
 from learner.checkpoints import load_vla
 from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset, tokenizer_corpus
+from learner.dataset import VLADataset, click_positives, tokenizer_corpus
 from learner.lora import apply_lora, merge_lora
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
 from learner.vla_sft import train_vla
-from policy.pruning import ANCHOR, PruningConfig, anchor_mask, keep_count, patch_prior, select_patches
+from policy.pruning import (
+    ANCHOR,
+    FLAT,
+    MAP_TOP_CELLS,
+    PruningConfig,
+    anchor_mask,
+    keep_count,
+    patch_prior,
+    select_patches,
+)
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import decode_png, encode_png, screenshot_to_chw
 from policy.tokens import ParseError, char_ids, short_thought, train_tokenizer
@@ -49,7 +60,8 @@ def expert_rows(tasks: tuple[str, ...], episodes: int, seed: int) -> list[dict]:
                     a = decision.action
                     rows.append(dict(episode_id=f"{task}-{seed + i}", step=step, task=task, instruction=obs.instruction,
                                      screenshot=encode_png(obs.screenshot), thought=decision.thought,
-                                     action_type=a.type, x=a.x, y=a.y, text=a.text, key=a.key))  # fmt: skip
+                                     action_type=a.type, x=a.x, y=a.y, text=a.text, key=a.key,
+                                     target_box=list(decision.target_box or ())))  # fmt: skip
                     result = env.step(a)
                     if result.done:
                         break
@@ -447,3 +459,108 @@ def test_a_tiny_vla_learns_click_test_from_pixels(tmp_path):
     learned = evaluate(lambda _: model, ("click-test",), 20, seed=900_000, max_steps=1)["mean_success_rate"]
     chance = evaluate(lambda _: random, ("click-test",), 20, seed=900_000, max_steps=1)["mean_success_rate"]
     assert learned >= 0.7 and learned >= chance + 0.4, (learned, chance)
+
+
+# --- the click map -------------------------------------------------------------------------------------
+
+MAP = {**TINY, "encoder": "reading", "reading_channels": 16, "reading_blocks": 2, "click_map": True}
+
+
+@pytest.fixture(scope="module")
+def trained_map(frame, tmp_path_factory):
+    config = VLATrainConfig(
+        **{**TRAIN.__dict__, **AUGMENT, "steps": 80, "task_balanced": True, "map_only_fraction": 0.125}
+    )
+    return train_vla(frame, VLARecipe(model=MAP, vocab_size=400, train=config), tmp_path_factory.mktemp("map"))
+
+
+def test_click_positives_cover_the_targets_element_and_always_its_clicked_bin():
+    positives = click_positives((52.0, 33.0), (40.0, 20.0, 70.0, 40.0), bin_px=5)
+    assert positives.shape == (42, 32)
+    ys, xs = np.nonzero(positives)
+    assert (xs.min(), xs.max(), ys.min(), ys.max()) == (8, 13, 4, 7)  # bin centres 42.5..67.5, 22.5..37.5
+    tiny = click_positives((52.0, 33.0), (51.0, 32.0, 52.0, 33.0), bin_px=5)  # no bin centre inside
+    assert np.argwhere(tiny).tolist() == [[6, 10]]
+    assert not click_positives(None, (40.0, 20.0, 70.0, 40.0), bin_px=5).any()  # a key press has no target
+
+
+def test_a_task_balanced_sampler_draws_every_task_alike(frame):
+    tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
+    data = VLADataset(frame, tok, VLAConfig(vocab_size=tok.vocab_size, **MAP), PruningConfig())
+    rng = np.random.default_rng(0)
+    tasks = data.tasks[data.sample(rng, 3000, task_balanced=True)]
+    shares = {t: float(np.mean(tasks == t)) for t in ("click-test", "click-button", "enter-text")}
+    assert all(abs(share - 1 / 3) < 0.04 for share in shares.values()), shares
+    uniform = data.tasks[data.sample(rng, 3000)]
+    assert np.mean(uniform == "enter-text") > 0.45  # its episodes are 3-4 steps long: uniform rows favour it
+    clicks = data.sample(rng, 500, clicks_only=True)
+    assert all(data.action[i].type == "click" for i in clicks)
+    counts = data.rows_per_task()
+    assert counts["click-test"]["click_rows"] == counts["click-test"]["rows"] == 6
+    assert 0 < counts["enter-text"]["click_rows"] < counts["enter-text"]["rows"]  # it types too
+
+
+def test_the_map_is_one_softmax_over_the_screen_and_scores_the_coordinate_tokens(trained_map, frame):
+    model = trained_map.model
+    batch = VLADataset(frame, trained_map.tokenizer, model.cfg, PruningConfig()).batch(np.arange(4))
+    with torch.inference_mode():
+        logits, relevance, click_map = model(batch["image"], batch["prior"], batch["instruction_ids"],
+                                             batch["instruction_chars"], batch["text_ids"], 84)  # fmt: skip
+    assert click_map.shape == (4, 42, 32)
+    assert torch.allclose(click_map.exp().sum((1, 2)), torch.ones(4), atol=1e-4)
+    # the cell relevance is the map's cell marginal, up to a constant per screen
+    cells = click_map.reshape(4, 21, 2, 16, 2).exp().sum((2, 4)).reshape(4, -1).log()
+    assert torch.allclose((relevance - cells).std(1), torch.zeros(4), atol=1e-4)
+    # the x token of a click reads the column marginal; the y token the column the x token chose
+    row = 0
+    labels = batch["labels"][row]
+    x_pos = int(torch.nonzero((labels >= model.x0) & (labels < model.x0 + model.nx))[0, 0])
+    x = int(labels[x_pos]) - model.x0
+    got_x = logits[row, x_pos, model.x0 : model.x0 + model.nx]
+    assert torch.allclose(got_x, click_map[row].logsumexp(0), atol=1e-5)
+    got_y = logits[row, x_pos + 1, model.y0 : model.y0 + model.ny]
+    assert torch.allclose(got_y, click_map[row, :, x] - click_map[row, :, x].logsumexp(0), atol=1e-5)
+
+
+def test_the_map_learns_and_its_pretraining_leaves_the_decoder_alone(trained_map, frame, tmp_path):
+    pretraining, full = trained_map.losses[:10], trained_map.losses[10:]  # click NLL alone, then token + click
+    assert pretraining[-1] < 0.6 * np.log(42 * 32)  # from a uniform map
+    assert np.mean(full[-5:]) < 0.6 * np.mean(full[:5])
+    config = VLATrainConfig(**{**TRAIN.__dict__, "steps": 6, "map_only_fraction": 1.0, "checkpoint_every": 0})
+    result = train_vla(frame, VLARecipe(model=MAP, vocab_size=400, train=config), tmp_path / "pretrained")
+    # the same seed builds the same fresh model: trained for 0 steps, it is where the pretraining started
+    start = train_vla(frame, VLARecipe(model=MAP, vocab_size=400, train=replace(config, steps=0)), tmp_path / "start")
+    changed = {name for name, p in result.model.named_parameters()
+               if not torch.equal(p, dict(start.model.named_parameters())[name])}  # fmt: skip
+    assert any(name.startswith("encoder.") for name in changed)
+    assert not any(name.startswith("decoder.") for name in changed)
+
+
+def test_pruning_never_drops_the_maps_top_cells():
+    relevance = np.zeros(336, np.float32)
+    relevance[[100, 101, 200, 300]] = [9.0, 8.0, 7.0, 6.0]
+    prior = np.zeros(336, np.float32)
+    prior[[100, 101, 200, 300]] = -FLAT  # solid colour boxes: flat, yet they are what the map points at
+    prior[:84] += ANCHOR
+    assert not set(select_patches(relevance, prior, 84)) & {100, 101, 200, 300}
+    assert {100, 101, 200, 300} <= set(select_patches(relevance, prior, 84, MAP_TOP_CELLS))
+
+
+def test_a_map_bundle_acts_as_torch_does(trained_map, frame, tmp_path):
+    result = trained_map
+    assert check_decoder_parity(result.model) < 1e-4
+    path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "map.vla")
+    runtime = VLARuntime(path)
+    assert [o.name for o in runtime.encoder.get_outputs()] == ["patches", "relevance", "click_map"]
+    clicks = 0
+    for keep_ratio in (0.25, 1.0):
+        runtime = VLARuntime(path, keep_ratio=keep_ratio)
+        for row in frame.head(8).iter_rows(named=True):
+            screen = decode_png(row["screenshot"])
+            want, _ = torch_step(result.model, result.tokenizer, PruningConfig(keep_ratio=keep_ratio), screen,
+                                 row["instruction"], None)  # fmt: skip
+            got, _ = runtime.step(screen, row["instruction"], None)
+            assert got.ids == want.ids
+            assert got.action_logprob == pytest.approx(want.action_logprob, abs=1e-3)
+            clicks += result.tokenizer.parse(got.ids).action.type == "click"
+    assert clicks > 0
