@@ -214,6 +214,29 @@ def cmd_learner(args: argparse.Namespace) -> int:
     return 0
 
 
+def _twin(p: argparse.ArgumentParser) -> None:
+    from learner.daemon import DaemonConfig
+
+    p.add_argument("version", help="a published version retrained from SFT (dagger, self_imitation, or anchored RL "
+                   "after one)")  # fmt: skip
+    p.add_argument("--summary", help="write the twin's summary JSON here (its bundle's address and digest included)")
+    learner = p.add_argument_group("the learner's flags (DaemonConfig)", "give those the learner ran with: the twin "
+                                   "trains as it trained the version")  # fmt: skip
+    add_config_arguments(learner, DaemonConfig)
+    p.set_defaults(func=cmd_twin)
+
+
+def cmd_twin(args: argparse.Namespace) -> int:
+    from learner.daemon import DaemonConfig
+    from learner.twin import train_twin
+
+    summary = train_twin(get_settings(), config_from(args, DaemonConfig), args.version)
+    print(json.dumps(summary), flush=True)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
 def _eval(p: argparse.ArgumentParser) -> None:
     from flywheel.experiments.evaluation import EvalConfig
 
@@ -507,6 +530,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "spool": ("an edge client's on-disk spool: `replay` sends a dead client's to Kafka and empties it", _spool),
     "sft": ("one SFT run on the Delta tables' demonstrations and successes, published as a model version", _sft),
     "learner": ("the continuous learner: SFT -> offline RL -> online RL, a version every N episodes", _learner),
+    "twin": ("a version's retrain again on the demonstrations alone: its no-fleet twin (stored, unpublished)", _twin),
     "eval": ("success rate per task with the binary reward", _eval),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),

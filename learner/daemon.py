@@ -42,7 +42,7 @@ from core.settings import Settings
 from lake.pins import pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
 from learner import metrics
-from learner.config import VLARecipe
+from learner.config import VLARecipe, VLATrainConfig
 from learner.data import load_rollouts, load_samples, table_versions
 from learner.online_rl import Guidance
 from learner.publish import publish_artifact
@@ -214,7 +214,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     tables, work = settings.tables_dir, settings.learner_dir / "daemon"
     recipe = VLARecipe.load(config.recipe, progress_bar=False)
     at = "-".join(str(v) for v in versions.values())
-    rl_train = replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
+    rl_train = rl_train_config(recipe, config)
     if stage == "sft":
         sft_train = replace(recipe.train, steps=config.sft_steps) if config.sft_steps else recipe.train
         return run_stage(StageRun("sft", sft_train, work / f"sft-at-{at}", recipe=recipe),
@@ -222,8 +222,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     if stage in ("dagger", "self_imitation"):
         # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.
         extra = gathered_supervision(tables, versions, config, labelled=stage == "dagger")
-        run = StageRun(stage, replace(rl_train, steps=config.retrain_steps), work / f"{stage}-at-{at}",
-                       reference=state.sft_checkpoint, recipe=recipe)  # fmt: skip
+        run = retrain_run(stage, recipe, config, state.sft_checkpoint, work / f"{stage}-at-{at}")
         state.online_dir = f"online-after-{at}"  # anchored RL after this retrain starts from it
         return run_stage(run, StageData(demos=load_samples(tables, ("demo",), versions), extra=extra))
     if stage == "offline_rl":
@@ -248,6 +247,18 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
                        StageData(rollouts=rollouts, demos=demos))  # fmt: skip
     state.online_env_steps += counts.fresh_steps  # beta's clock: each environment step counted once
     return result
+
+
+def rl_train_config(recipe: VLARecipe, config: DaemonConfig) -> VLATrainConfig:
+    """The training of every stage after SFT: the recipe's, at rl_lr, with a short warm-up."""
+    return replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
+
+
+def retrain_run(stage: str, recipe: VLARecipe, config: DaemonConfig, sft_checkpoint: str, out_dir: Path) -> StageRun:
+    """A retrain (dagger, self_imitation) from the SFT model: retrain_steps at rl_lr. One builder, so the no-fleet
+    twin (learner.twin) trains exactly as the version it is the twin of, on other data."""
+    train = replace(rl_train_config(recipe, config), steps=config.retrain_steps)
+    return StageRun(stage, train, out_dir, reference=sft_checkpoint, recipe=recipe)
 
 
 def gathered_supervision(tables: Path, versions: dict[str, int], config: DaemonConfig, labelled: bool) -> pl.DataFrame:

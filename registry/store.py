@@ -119,6 +119,21 @@ def read_manifests(artifacts_dir: Location, skip_unreadable: bool = True) -> lis
     return sorted((m for m in found if m), key=lambda manifest: float(manifest["produced_at"]))
 
 
+def ancestry(artifacts_dir: Location, version: str) -> list[dict]:
+    """The manifests of `version` and of the versions it descends from, newest first, back to its first SFT (or the
+    first version without a parent): each manifest's `parent` is the version published before it."""
+    chain: list[dict] = []
+    while version and not (chain and chain[-1].get("stage") == "sft"):
+        manifest = read_manifest(artifacts_dir, version)
+        if manifest is None:
+            raise FileNotFoundError(f"no manifest of {version!r} under {join(artifacts_dir, 'manifests')}")
+        if any(m["version"] == version for m in chain):  # an altered manifest must not loop the walk forever
+            raise ValueError(f"manifest {version!r} descends from itself")
+        chain.append(manifest)
+        version = manifest.get("parent", "")
+    return chain
+
+
 def manifest_locations(artifacts_dir: Location) -> list[Location]:
     return [p for p in get_settings().files().list(join(artifacts_dir, "manifests")) if str(p).endswith(".json")]
 

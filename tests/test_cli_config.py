@@ -123,6 +123,8 @@ FLAGS_IN_USE = {
     "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path",
     "learner": "--recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
     "--guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
+    "twin": "--summary --recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes "
+    "--offline-steps --guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
     "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
     "sft": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
     "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",

@@ -18,6 +18,7 @@ from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
+from learner.data import load_samples
 from tests.conftest import isolated_broker_settings
 
 
@@ -114,6 +115,22 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     assert greedy["diff"] == pytest.approx(greedy["last"]["success_rate"] - greedy["first"]["success_rate"], abs=1e-3)
     assert greedy["ci"][0] <= greedy["diff"] <= greedy["ci"][1] and greedy["episodes_per_task"] == 3
     assert all(len(seeds) == 3 for seeds in greedy["last"]["success_by_seed"].values())
+    # The last version's no-fleet twin (issue 44): its retrain again, same stage, steps and start, on the
+    # demonstrations alone at the table versions the last version pins; greedy on the same seeds, paired.
+    twin, paired = report["twin"], report["last_vs_twin"]
+    state = json.loads((out / "machines" / "learner" / "home" / "learner" / "daemon" / "state.json").read_text())
+    retrain = next(v for v in state["versions"] if v["model_version"] == twin["retrain"])
+    assert (twin["of"], twin["stage"], twin["start"], twin["steps"]) == (
+        greedy["last"]["model_version"], retrain["stage"], report["versions"][0]["model_version"], 5)  # fmt: skip
+    assert twin["updates_after_retrain"] == (report["versions"][-1]["stage"] == "online_rl")
+    assert retrain["diagnostics"]["extra_rows"] > 0  # the version it repeats had the fleet's rows ...
+    demos = load_samples(tables, ("demo",), twin["lineage"])
+    assert twin["samples"] == twin["diagnostics"]["demo_rows"] == demos.height > 0  # ... the twin the demos alone
+    assert twin["diagnostics"]["extra_rows"] == twin["diagnostics"]["teacher_labels"] == 0
+    assert set(twin["per_task"]) == set(greedy["last"]["per_task"]) and 0.0 <= twin["success_rate"] <= 1.0
+    assert paired["diff"] == pytest.approx(greedy["last"]["success_rate"] - twin["success_rate"], abs=1e-3)
+    assert paired["ci"][0] <= paired["diff"] <= paired["ci"][1] and paired["episodes_per_task"] == 3
+    assert "teacher_labels_per_point_over_twin" in report["cost"]  # the labels per point they bought (None: none)
 
     # The teacher's calls: counted by the clients, on the steps in Delta, and in the dagger versions' lineage.
     teacher = report["cost"]["teacher"]

@@ -12,9 +12,10 @@ import pytest
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
 from learner.data import table_versions
 from learner.training_run import TrainingRun
+from learner.twin import train_twin, twin_plan
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
-from registry.store import read_manifest, resolve_model
+from registry.store import fetch_verified, read_manifest, resolve_model
 from schemas import Action
 from streams.model_versions import latest_by_channel
 from tests.factories import TablesLog, box_screen
@@ -75,6 +76,8 @@ def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in
     config = DaemonConfig(recipe=recipe, every_episodes=4, min_new_episodes=4, poll_s=0.2, min_demos=12,
                           max_versions=1, retrain_steps=6)  # fmt: skip
     state = run_daemon(settings, config)
+    with pytest.raises(ValueError, match="no no-fleet twin"):
+        twin_plan(settings, state.version)  # the first SFT holds nothing of the fleet's: it is its own twin
     # The model's episodes, each step labelled by the teacher with the box's centre (the policy missed it).
     for seed in range(100, 106):
         log.episode(f"m-{seed}", seed, Action("click", 1.0, 1.0), False, state.version,
@@ -85,6 +88,14 @@ def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in
     event = latest_by_channel(settings)["stable"]
     assert event.stage == "dagger" and read_manifest(settings.artifacts_dir, event.version)["teacher_labels"] == 6
     assert set(event.lineage) == set(table_versions(settings.tables_dir))  # tables only: each one reopens
+
+    # Its no-fleet twin: the same retrain (stage, steps, rate, SFT start) on the 12 demonstrations alone, stored.
+    twin, retrain = train_twin(settings, config, event.version), state.versions[-1]["diagnostics"]
+    assert (twin["stage"], twin["retrain"], twin["start"], twin["steps"], twin["lr"], twin["lineage"]) == (
+        "dagger", event.version, state.versions[0]["model_version"], 6, config.rl_lr, event.lineage)  # fmt: skip
+    assert twin["samples"] == twin["diagnostics"]["demo_rows"] == retrain["demo_rows"] == 12
+    assert twin["diagnostics"]["extra_rows"] == twin["diagnostics"]["teacher_labels"] == 0 < retrain["extra_rows"]
+    assert fetch_verified(twin["artifact_uri"], twin["sha256"]).is_file() and twin["updates_after_retrain"] == 0
 
 
 def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path):

@@ -2,7 +2,8 @@
 
 * `evaluate_bundle` / `evaluate_model`: greedy success per task on seeds EVAL_SEED.. (edge_client.evaluate, as
   at the edge: onnxruntime, parallel browsers), with each seed's outcome for paired comparisons;
-* `compare_versions`: two versions on the same seeds, the paired difference with its CI;
+* `compare_versions`: two versions on the same seeds, the paired difference with its CI (`greedy_success` one
+  version, `paired_difference` any two of them);
 * `evaluate_sop`: SOP, the model replaying the experts' trajectories until its first mismatch;
 * `run_eval`: the `flywheel eval` command (a model or the experts);
 * `run_episodes`: the episodes behind the rest of the experiments (demonstrations, the logged fleet, online
@@ -104,13 +105,26 @@ def compare_versions(first: dict, last: dict, tasks: tuple[str, ...], episodes: 
     ends = {}
     for which, version in (("first", first), ("last", last)):
         say(f"greedy: {which} version {version['model_version']} on {episodes} held-out seeds per task")
-        report = evaluate_bundle(Path(version["bundle"]), version["model_version"], tasks, episodes, browsers)
-        ends[which] = {"model_version": version["model_version"], "success_rate": round(report["mean_success_rate"], 4),
-                       "success_by_seed": {t: [e == "success" for e in r["termination_by_seed"]]
-                                           for t, r in report["tasks"].items()}}  # fmt: skip
-    diff, lo, hi = paired_diff_ci(ends["last"]["success_by_seed"], ends["first"]["success_by_seed"])
-    return {"first": ends["first"], "last": ends["last"], "diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)],
-            "episodes_per_task": episodes, "seeds": [EVAL_SEED, EVAL_SEED + episodes - 1]}  # fmt: skip
+        ends[which] = greedy_success(version, tasks, episodes, browsers)
+    return {"first": ends["first"], "last": ends["last"], **paired_difference(ends["last"], ends["first"])}
+
+
+def greedy_success(version: dict, tasks: tuple[str, ...], episodes: int, browsers: int) -> dict:
+    """A model bundle ({"model_version", "bundle"}) greedy on `episodes` held-out seeds per task: its mean success,
+    each task's, and each seed's outcome (for paired comparisons)."""
+    report = evaluate_bundle(Path(version["bundle"]), version["model_version"], tasks, episodes, browsers)
+    return {"model_version": version["model_version"], "success_rate": round(report["mean_success_rate"], 4),
+            "per_task": {t: round(r["success_rate"], 4) for t, r in report["tasks"].items()},
+            "success_by_seed": {t: [e == "success" for e in r["termination_by_seed"]]
+                                for t, r in report["tasks"].items()}}  # fmt: skip
+
+
+def paired_difference(after: dict, before: dict) -> dict:
+    """after - before, two greedy_success results on the same seeds: the difference with its 95 % bootstrap CI."""
+    diff, lo, hi = paired_diff_ci(after["success_by_seed"], before["success_by_seed"])
+    episodes = min(len(seeds) for seeds in after["success_by_seed"].values())
+    return {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)], "episodes_per_task": episodes,
+            "seeds": [EVAL_SEED, EVAL_SEED + episodes - 1]}  # fmt: skip
 
 
 def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, max_steps: int = 12) -> pl.DataFrame:

@@ -47,6 +47,11 @@ class DemoConfig:
     greedy_episodes: int = 50
     """Continuous: at the end, the first and the last published versions run greedily on this many held-out
     seeds per task, paired (report.json "greedy"; 0: not)."""
+    twin: bool = True
+    """Continuous, with greedy_episodes: the last version's no-fleet twin too, its retrain again from the same SFT
+    model with the same steps and lr on the demonstrations alone (`flywheel twin`), greedy on the same seeds and
+    paired with it (report.json "twin", "last_vs_twin": what the fleet's labels or successes bought beyond the
+    demonstrations that landed after the first SFT; issue 44). Costs one retrain and one evaluation more."""
     min_demos: int = 96
     """Continuous: successful expert episodes before the first (SFT) version is trained."""
     every_episodes: int = 64
@@ -93,6 +98,11 @@ def learner_args(config: DemoConfig) -> list[str]:
         "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
         "--self-imitation-top-k", str(config.top_k),
     ]  # fmt: skip
+
+
+def twin_args(config: DemoConfig, version: str, summary: Path) -> list[str]:
+    """`flywheel twin ...`: the no-fleet twin of `version`, trained with the flags the learner daemon ran with."""
+    return ["twin", version, "--summary", str(summary), *learner_args(config)[1:]]
 
 
 def fleet_edge_args(config: DemoConfig, run_s: float) -> tuple[str, ...]:

@@ -74,3 +74,10 @@ def say_summary(report: dict) -> None:
         say(f"greedy success on {greedy['episodes_per_task']} held-out seeds per task: {first['model_version']} "
             f"{first['success_rate']:.3f} -> {last['model_version']} {last['success_rate']:.3f}, paired difference "
             f"{greedy['diff']:+.3f} (95 % CI {greedy['ci'][0]:+.3f} .. {greedy['ci'][1]:+.3f})")  # fmt: skip
+    twin, paired = report.get("twin"), report.get("last_vs_twin")
+    if paired:
+        say(f"no-fleet twin ({twin['stage']} on the {twin['samples']} demonstration rows alone, {twin['steps']} steps "
+            f"from {twin['start']}): {twin['success_rate']:.3f}; last - twin {paired['diff']:+.3f} (95 % CI "
+            f"{paired['ci'][0]:+.3f} .. {paired['ci'][1]:+.3f}): what the fleet's rows bought")  # fmt: skip
+    elif twin:
+        say(f"no-fleet twin of {twin['of']}: {twin.get('why') or twin.get('error')}")

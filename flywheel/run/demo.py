@@ -14,7 +14,8 @@ Nobody waits for anybody: the clients never stop for the learner (before the fir
 experts, whose episodes are the demonstrations), and the learner trains on whatever has landed. The report
 lists every version the learner published with the fleet's success under it (its sampled episodes, as they
 ran), fleet_idle_s (the time within the run when no client was in an episode) and the first and the last
-versions' greedy success on the same held-out seeds (flywheel.run.continuous has the figures).
+versions' greedy success on the same held-out seeds (flywheel.run.continuous has the figures), and, with --twin,
+the last version's no-fleet twin on those seeds: its retrain again on the demonstrations alone (learner.twin).
 """
 
 from __future__ import annotations
@@ -22,22 +23,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from core.console import jsonable, say
 from core.machine import machine
-from core.processes import pin_process
+from core.processes import Child, pin_process
 from core.settings import Settings
-from flywheel.experiments.evaluation import compare_versions
+from flywheel.experiments.evaluation import compare_versions, greedy_success, paired_difference
 from flywheel.ops.observe import demo_observability
-from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args
+from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args, twin_args
 from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
 from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.plots import write_plots
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import episode_stats
-from registry.store import resolve_model
+from registry.store import fetch_verified, resolve_model
 
 
 def run_demo(config: DemoConfig, settings: Settings) -> dict:
@@ -126,6 +127,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     end = max((b for _, b in fleet.acting), default=fleet.started_at)
     idle = idle_seconds(fleet.acting, fleet.started_at, end)
     versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
+    twin_run = start_twin(config, stack, published, learner_cpus)  # before the evaluation below, overlapping it
     greedy = None  # the policy the fleet would deploy, greedy: sampled success can rise by sharpening alone
     if len(published) >= 2 and config.greedy_episodes > 0:
         # The bundles as the fleet receives them: from the model store, digest-checked (on a machine of its own,
@@ -133,6 +135,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         first, last = ({**v, "bundle": str(resolve_model(v["model_version"], stack.settings.artifacts_dir)[0])}
                        for v in (published[0], published[-1]))  # fmt: skip
         greedy = compare_versions(first, last, tuple(config.tasks), config.greedy_episodes, config.clients)
+    twin, last_vs_twin = finish_twin(config, twin_run, greedy)
     return {
         "mode": "continuous",
         "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/teacher.md, reproducibility)
@@ -143,11 +146,15 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         "versions": versions,
         "success_rise": success_rise(versions),
         "greedy": greedy,
+        # The gain the fleet's rows bought: the last version against its retrain on the demonstrations alone.
+        "twin": twin,
+        "last_vs_twin": last_vs_twin,
         # What the gain cost: the teacher's calls (each a paid call in a deployment) and the fleet's env steps.
         "cost": {
             "teacher": fleet.teacher,
             "env_steps": fleet.steps_published,
             "teacher_labels_per_point": per_point(fleet.teacher["labels"], greedy),
+            "teacher_labels_per_point_over_twin": per_point(fleet.teacher["labels"], last_vs_twin),  # what they bought
         },
         "bootstrap": episode_stats(stack.settings.tables_dir, FLEET_PREFIX, "expert"),
         "episodes": fleet.episodes,
@@ -157,9 +164,60 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     }
 
 
-def per_point(labels: int, greedy: dict | None) -> float | None:
-    """Teacher labels spent per point (0.01) of greedy success gained, first to last version (None: no gain)."""
-    gain = 100 * greedy["diff"] if greedy else 0.0
+TWIN_SUMMARY = "twin.json"  # under --out: the twin's training summary (learner.twin)
+
+
+@dataclass
+class TwinRun:
+    """The last version's no-fleet twin (learner.twin): its training under way, or why it has none."""
+
+    of: str  # the version it is the twin of
+    child: Child | None = None  # `flywheel twin`, on the learner's machine (the SFT checkpoint is there)
+    why_none: dict = field(default_factory=dict)  # the report's `twin` when there is no child
+
+
+def start_twin(config: DemoConfig, stack: LocalStack, published: list[dict], cpus: set[int] | None) -> TwinRun | None:
+    """Start training the last version's twin, its retrain again on the demonstrations alone, on the learner's `cpus`
+    as the learner trained (the evaluation keeps the others); None: not asked for. A version rises over the first
+    SFT partly on the demonstrations that landed after the SFT polled; only the version against its twin credits
+    the fleet (issue 44)."""
+    if not (published and config.twin and config.greedy_episodes > 0):
+        return None
+    last = published[-1]
+    of = last["model_version"]
+    if last["stage"] == "sft":  # nothing to retrain: the twin is the version itself
+        why = "the last version is the first SFT, on the demonstrations alone: its twin is itself (last - twin 0)"
+        return TwinRun(of, why_none={"same_as_last": True, "why": why})
+    if config.curriculum != "supervised":
+        why = "no retrain from SFT to repeat: the rl curriculum learns from the fleet's rollouts alone"
+        return TwinRun(of, why_none={"why": why})
+    say(f"twin: {of}'s retrain again, on the demonstrations alone")
+    args = twin_args(config, of, config.out / TWIN_SUMMARY)
+    return TwinRun(of, stack.start("twin", args, cpus=cpus, role="learner", machine="learner"))
+
+
+def finish_twin(config: DemoConfig, run: TwinRun | None, greedy: dict | None) -> tuple[dict | None, dict | None]:
+    """(twin, last_vs_twin): the twin greedy on the seeds `greedy` ran (it did: a twin is trained only of a retrain,
+    so of a second version or later), and the last version minus it, paired."""
+    if run is None or run.child is None:
+        return ({"of": run.of, **run.why_none} if run else None), None
+    code = run.child.wait()
+    run.child.stop()
+    if code != 0:  # the run's figures stand without it: say so in the report rather than lose them
+        say(f"twin: failed (exit {code}); see {run.child.log_path}")
+        return {"of": run.of, "error": f"exit {code}", "log_tail": run.child.tail()}, None
+    twin = json.loads((config.out / TWIN_SUMMARY).read_text())
+    bundle = fetch_verified(twin["artifact_uri"], twin["sha256"])  # from the store, as the fleet's versions come
+    say(f"greedy: the twin {twin['model_version']} on {config.greedy_episodes} held-out seeds per task")
+    ends = greedy_success({"model_version": twin["model_version"], "bundle": str(bundle)}, tuple(config.tasks),
+                          config.greedy_episodes, config.clients)  # fmt: skip
+    return twin | ends, paired_difference(greedy["last"], ends)
+
+
+def per_point(labels: int, paired: dict | None) -> float | None:
+    """Teacher labels spent per point (0.01) of greedy success gained, a paired comparison's (first to last version,
+    or twin to last; None: no gain)."""
+    gain = 100 * paired["diff"] if paired else 0.0
     return round(labels / gain, 1) if gain > 0 else None
 
 

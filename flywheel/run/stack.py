@@ -61,11 +61,12 @@ class LocalStack:
         return self.workers[-1]
 
     def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
-              cpus: set[int] | None = None, role: str | None = None) -> Child:  # fmt: skip
+              cpus: set[int] | None = None, role: str | None = None, machine: str | None = None) -> Child:  # fmt: skip
         """`flywheel <args>` with the run's settings (and `env` on top), on `cpus` (None: any), stopped when the
-        stack closes; on a machine of its own when machines are simulated. `role` (streams.roles: edge, worker,
-        learner): the child logs in to Kafka as that role, allowed only what it needs; None: as the stack does."""
-        home, machine_env = self.machine_home(name), {}
+        stack closes; on a machine of its own when machines are simulated (`machine`: on that child's instead, to
+        read its files). `role` (streams.roles: edge, worker, learner): the child logs in to Kafka as that role,
+        allowed only what it needs; None: as the stack does."""
+        home, machine_env = self.machine_home(machine or name), {}
         if role is not None and uses_roles(self.settings):
             login = role_settings(self.settings, role)
             machine_env = {"FLYWHEEL_SASL_USERNAME": login.sasl_username,
