@@ -237,6 +237,21 @@ def cmd_twin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(p: argparse.ArgumentParser) -> None:
+    from flywheel.experiments.diagnose import DiagnoseConfig
+
+    add_config_arguments(p, DiagnoseConfig, parse=TASKS)
+    p.set_defaults(func=cmd_diagnose)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from flywheel.experiments.diagnose import DiagnoseConfig, run_diagnose
+
+    report = run_diagnose(config_from(args, DiagnoseConfig), get_settings())
+    print(json.dumps(report["tasks"], indent=2))
+    return 0
+
+
 def _eval(p: argparse.ArgumentParser) -> None:
     from flywheel.experiments.evaluation import EvalConfig
 
@@ -532,6 +547,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "learner": ("the continuous learner: SFT -> offline RL -> online RL, a version every N episodes", _learner),
     "twin": ("a version's retrain again on the demonstrations alone: its no-fleet twin (stored, unpublished)", _twin),
     "eval": ("success rate per task with the binary reward", _eval),
+    "diagnose": ("where clicks go wrong: map and decoded click in the target, recall under pruning", _diagnose),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),
     "experiment": ("arms trained on the same demonstrations, evaluated side by side (ablations, curves)", _experiment),

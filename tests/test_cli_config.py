@@ -165,6 +165,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.security import SecurityBenchConfig
     from flywheel.chaos.run import ChaosConfig
     from flywheel.experiments.curriculum import CurriculumConfig
+    from flywheel.experiments.diagnose import DiagnoseConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.ops.spool import SpoolReplayConfig
@@ -177,7 +178,7 @@ def config_classes() -> dict[str, type]:
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
                CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
-               ChaosConfig, SpoolReplayConfig)  # fmt: skip
+               ChaosConfig, SpoolReplayConfig, DiagnoseConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

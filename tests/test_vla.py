@@ -564,3 +564,28 @@ def test_a_map_bundle_acts_as_torch_does(trained_map, frame, tmp_path):
             assert got.action_logprob == pytest.approx(want.action_logprob, abs=1e-3)
             clicks += result.tokenizer.parse(got.ids).action.type == "click"
     assert clicks > 0
+
+
+def test_diagnose_measures_the_map_and_the_pruning_recall_as_the_edge_runs_them(trained_map, frame, tmp_path):
+    from flywheel.experiments.diagnose import diagnose_screens
+
+    result = trained_map
+    path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "map.vla")
+    rows = [r for r in frame.iter_rows(named=True) if r["action_type"] == "click" and r["target_box"]][:10]
+    screens = [{"screenshot": decode_png(r["screenshot"]), "instruction": r["instruction"], "point": (r["x"], r["y"]),
+                "box": tuple(r["target_box"])} for r in rows]  # fmt: skip
+    found = diagnose_screens(VLARuntime(path), screens)
+    want, protected = [], []
+    for screen in screens:
+        with torch.inference_mode():
+            image = torch.from_numpy(screenshot_to_chw(screen["screenshot"])[None])
+            chars = torch.tensor([char_ids(screen["instruction"], 96)])
+            encoded = result.model.encode(image, torch.zeros(1, 1, dtype=torch.long), chars)
+        row, col = divmod(int(encoded.click_map[0].argmax()), encoded.click_map.shape[2])
+        left, top, right, bottom = screen["box"]
+        want.append(left <= (col + 0.5) * 5 <= right and top <= (row + 0.5) * 5 <= bottom)
+        x, y = screen["point"]
+        protected.append(int(y // 10) * 16 + int(x // 10) in encoded.relevance[0].topk(MAP_TOP_CELLS).indices.tolist())
+    assert found["screens"] == 10 and found["map_in_box"] == pytest.approx(np.mean(want))
+    assert found["target_recall"] >= np.mean(protected)  # a target among the map's top cells is always kept
+    assert 0.0 <= found["click_in_box"] <= 1.0

@@ -1,7 +1,10 @@
 """`flywheel bench learner`: samples/s of each learner update, FLOPs per sample and the share of this CPU's
 fp32 ceiling it reaches, per recipe and thread count, side by side in one run.
 
-    sft          one SFT step (learner.vla_sft.train_vla): forward, loss, backward, AdamW
+    sft          one SFT step (learner.vla_sft.train_vla): forward, loss, backward, AdamW (a click-map recipe's
+                 full step: encoder, map and decoder)
+    sft_clicks   one SFT step on click steps alone: a click-map recipe's map-only step (encoder and map, no
+                 decoder pass: VLATrainConfig.map_only_fraction), any other recipe's full step on those steps
     offline_rl   one offline RL step (learner.offline_rl): AWR on a batch + trajectory DPO with its reference
     ppo          one PPO update over a batch of rollouts (learner.online_rl.ppo_update, RefKL: with the
                  reference model's forward)
@@ -35,12 +38,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.machine import machine
+from core.machine import fp32_ceiling, machine
 from core.settings import TIER1_TASKS
 from flywheel.bench.env import Profiler
 from flywheel.experiments.evaluation import run_episodes
 
-UPDATES = ("sft", "offline_rl", "ppo", "semi_online")
+UPDATES = ("sft", "sft_clicks", "offline_rl", "ppo", "semi_online")
 DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")
 
 
@@ -48,9 +51,10 @@ DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")
 class LearnerBenchConfig:
     out: Path = Path("runs/bench-learner")
     """learner_bench.json goes here."""
-    recipes: str = "demo,release"
+    recipes: str = "demo,release_pointer,release"
     """Comma-separated recipes (learner.config.VLARecipe: names in configs/ or paths); 'release-patch' is the
-    first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s."""
+    first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s; 'release_pointer'
+    the reading + pointer recipe the click map replaced."""
     threads: str = "1,2"
     """Comma-separated torch thread counts."""
     updates: str = ",".join(UPDATES)
@@ -69,34 +73,6 @@ class LearnerBenchConfig:
     """The SFT step of each recipe also run these ways on the same batches, from the same weights: 'eager'
     (as trained today), 'bf16' (autocast to bfloat16, AMX where the CPU has it), 'compile' (torch.compile;
     minutes of compilation first)."""
-
-
-def fp32_ceiling(threads: int) -> dict:
-    """GFLOP/s of a large fp32 matmul at `threads`, and the theoretical peak of this CPU."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    for _ in range(2):
-        a @ b
-    runs = 6
-    started = time.perf_counter()
-    for _ in range(runs):
-        a @ b
-    measured = runs * 2 * 2048**3 / (time.perf_counter() - started) / 1e9
-    return {"threads": threads, "matmul_gflops": round(measured, 1), "theoretical_gflops": theoretical_peak(threads)}
-
-
-def theoretical_peak(threads: int) -> float | None:
-    """cores x GHz x fp32 FLOPs per cycle: 2 FMA units x lanes (16 with AVX-512, 8 with AVX2) x 2."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
-    mhz = next((float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")), 0.0)
-    lanes = 16 if " avx512f" in flags else 8 if " avx2" in flags else 4
-    return round(threads * mhz / 1000 * 2 * lanes * 2, 1)
 
 
 @dataclass
@@ -156,9 +132,13 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
     from learner.vla_sft import train_vla
 
     sft = str(data.sft_checkpoint)
-    if update == "sft":
-        recipe = replace(data.recipe, train=train)
+    if update == "sft":  # the full step: no map-only steps, whatever the recipe's share of them
+        recipe = replace(data.recipe, train=replace(train, map_only_fraction=0.0))
         return lambda stop: (train_vla(data.demos, recipe, out, init_checkpoint=sft, stop_at=stop), {})
+    if update == "sft_clicks":  # every step map-only on a click-map recipe (a full step on any other)
+        recipe = replace(data.recipe, train=replace(train, map_only_fraction=1.0))
+        clicks = data.demos.filter(pl.col("action_type") == "click")
+        return lambda stop: (train_vla(clicks, recipe, out, init_checkpoint=sft, stop_at=stop), {})
     if update == "offline_rl":
         logged = pl.concat([data.demos, data.rollouts])
         return lambda stop: (train_offline_rl(logged, train, OfflineRLConfig(), sft, out, stop_at=stop), {})
@@ -185,7 +165,7 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
     update_runner(update, data, train, out)(config.warmup)  # untimed; leaves a checkpoint to resume from
     shutil.copytree(out, counted)
     profiler = Profiler()
-    with phases(profiler) if update == "sft" else nullcontext():
+    with phases(profiler) if update.startswith("sft") else nullcontext():
         started = time.perf_counter()
         result, extra = update_runner(update, data, train, out)(config.warmup + config.steps)
         wall = time.perf_counter() - started
@@ -206,7 +186,7 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
                "gflop_per_sample": round(flops / samples / 1e9, 4) if flops and samples else None}  # fmt: skip
     if "rollout_steps" in extra:  # a semi-online round: its simulated rollouts, and what survived its filter
         figures |= {"rollout_steps_per_s": round(extra["rollout_steps"] / wall, 2), **extra}
-    if update == "sft" and result.losses:
+    if update.startswith("sft") and result.losses:
         figures["phases_ms_per_step"] = {k: round(v / len(result.losses), 2) for k, v in profiler.ms.items()}
     return figures
 
@@ -218,7 +198,7 @@ def phases(profiler: Profiler):
 
     from learner import dataset, vla, vla_sft
 
-    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "vla_loss", "loss"),
+    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "sft_loss", "loss"),
                (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     for owner, name, phase in wrapped:
@@ -238,7 +218,7 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
 
     from learner.checkpoints import load_vla
     from learner.dataset import VLADataset
-    from learner.vla import vla_loss
+    from learner.vla_sft import sft_loss
     from policy.pruning import keep_count
 
     torch.set_num_threads(threads)
@@ -261,10 +241,10 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
             if i == 2:  # after the untimed steps (and compilation)
                 warm_s, started = time.perf_counter() - started, time.perf_counter()
             with autocast():
-                logits, relevance, _ = forward(batch["image"], batch["prior"], batch["instruction_ids"],
-                                               batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
-                total, _, _ = vla_loss(logits.float(), batch["labels"], relevance.float(), batch["target_patch"],
-                                       data.recipe.train.relevance_weight)  # fmt: skip
+                logits, relevance, click_map = forward(batch["image"], batch["prior"], batch["instruction_ids"],
+                                                       batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
+                click_map = click_map.float() if click_map is not None else None
+                total, _, _ = sft_loss(net, logits.float(), relevance.float(), click_map, batch, data.recipe.train)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
@@ -316,6 +296,7 @@ def run_bench(config: LearnerBenchConfig) -> dict:
                                 if ceiling["theoretical_gflops"] else None}  # fmt: skip
                     entry["updates"][update][str(t)] = figures
                     print(format_line(name, update, t, figures), flush=True)
+            entry["recipe_sft_samples_per_s"] = recipe_rate(data.recipe.train.map_only_fraction, entry["updates"])
             variants = [v for v in config.step_variants.split(",") if v]
             if variants:
                 entry["sft_step_variants"] = {str(t): sft_step_variants(data, t, variants, config.steps)
@@ -324,6 +305,14 @@ def run_bench(config: LearnerBenchConfig) -> dict:
             (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
     (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def recipe_rate(map_only_fraction: float, updates: dict) -> dict:
+    """Samples/s of the recipe's SFT as it trains, per thread count: its map-only share of steps at the sft_clicks
+    rate, the rest at the full step's (the harmonic mix); only where both were timed."""
+    full, clicks, f = updates.get("sft", {}), updates.get("sft_clicks", {}), map_only_fraction
+    return {t: round(1 / ((1 - f) / r["samples_per_s"] + (f / clicks[t]["samples_per_s"] if f else 0.0)), 2)
+            for t, r in full.items() if not f or t in clicks}  # fmt: skip
 
 
 def format_line(recipe: str, update: str, threads: int, figures: dict) -> str:
