@@ -120,7 +120,7 @@ FLAGS_IN_USE = {
     "--metrics-port --repeats --seeds-per-visit --teacher-budget --teacher-per-hour",
     "demo": "--turns --clients --tasks --episodes-per-task --sft-steps --finetune-steps --out --no-prometheus "
     "--prometheus-port",
-    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path",
+    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path --baseline",
     "learner": "--recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
     "--guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
     "twin": "--summary --recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes "

@@ -47,3 +47,20 @@ def test_a_paired_difference_uses_the_shared_tasks_and_seeds_only():
         paired_diff_ci({"a": [True]}, {"b": [True]})
     with pytest.raises(ValueError, match="at least one episode"):
         mean_ci({"a": []})
+
+
+def test_an_eval_against_its_baseline_is_paired_per_tier_and_per_task():
+    from flywheel.experiments.evaluation import versus
+
+    def report(ends: dict[str, str]) -> dict:
+        return {"tasks": {task: {"termination_by_seed": list(seeds)} for task, seeds in ends.items()}}
+
+    half = ["success"] * 5 + ["failure"] * 5
+    model, baseline = (
+        report({"click-test": ["success"] * 10, "enter-text": half}),
+        report({"click-test": half, "enter-text": half}),
+    )
+    found = versus(model, baseline)
+    assert found["click-test"]["diff"] == 0.5 and found["enter-text"]["diff"] == 0.0
+    assert found["all"]["diff"] == 0.25 and found["tier1"]["tasks"] == found["tier2"]["tasks"] == 1
+    assert found["all"]["ci"][0] > 0  # the same seeds: every resample of click-test gains

@@ -22,7 +22,7 @@ from typing import Literal
 import polars as pl
 
 from core.console import say
-from core.settings import TIER1_TASKS, Settings
+from core.settings import TIER1_TASKS, TIER2_TASKS, Settings
 from core.stats import paired_diff_ci
 
 EVAL_SEED = 1_000_000  # eval seeds: demonstrations use seeds below 1,000,000
@@ -53,6 +53,9 @@ class EvalConfig:
     """Browsers in parallel (threads, one model session each); the report is the same for any number."""
     env_path: Literal["fast", "previous"] = "fast"
     """Environment path: 'fast' or 'previous' (miniwob's own reset and step, to compare; same outcomes)."""
+    baseline: str = ""
+    """A second model (as --model names one) run on the same tasks and seeds: eval.json gains `baseline` and
+    `vs_baseline`, model - baseline paired on those seeds with its 95 % CI, over all tasks, per tier and per task."""
     sop: bool = False
     """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
     and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
@@ -191,6 +194,22 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
                       browsers=config.browsers,
                       more_policies=policies)  # fmt: skip
     report["env_path"] = config.env_path
+    if config.baseline:
+        from policy.runtime import load_policy
+        from registry.store import resolve_model
+
+        base_path, base_version = resolve_model(config.baseline, settings.artifacts_dir)
+
+        def baseline_policies():
+            model = load_policy(base_path, base_version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            return lambda _task: model
+
+        say(f"baseline {base_version} on the same seeds")
+        baseline = evaluate(baseline_policies(), config.tasks, config.episodes, seed=config.seed,
+                            env_config=EnvConfig(path=config.env_path, read_dom=False), browsers=config.browsers,
+                            more_policies=baseline_policies)  # fmt: skip
+        report["baseline"] = {"model_version": base_version, **baseline}
+        report["vs_baseline"] = versus(report, baseline)
     if config.sop:
         if config.policy != "model":
             raise SystemExit("--sop measures a model against the experts: it needs --policy model")
@@ -208,7 +227,27 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
     print(f"{speed} with {config.browsers} browser(s) on the {config.env_path} path")
     if config.sop:
         print(f"{'sop':24s} progress {report['sop_progress']:.3f}, success {report['sop_success']:.3f}")
+    for scope, entry in report.get("vs_baseline", {}).items():
+        print(f"vs baseline {scope:20s} {entry['diff']:+.3f} [{entry['ci'][0]:+.3f}, {entry['ci'][1]:+.3f}]")
     return report
+
+
+def versus(model: dict, baseline: dict) -> dict:
+    """model - baseline, two edge_client.evaluate reports on the same seeds: the paired difference of mean
+    success with its 95 % bootstrap CI over all tasks, over each tier's tasks present, and per task."""
+
+    def outcomes(report: dict) -> dict[str, list[bool]]:
+        return {t: [end == "success" for end in r["termination_by_seed"]] for t, r in report["tasks"].items()}
+
+    after, before = outcomes(model), outcomes(baseline)
+    scopes = {"all": list(after), "tier1": [t for t in after if t in TIER1_TASKS],
+              "tier2": [t for t in after if t in TIER2_TASKS], **{t: [t] for t in after}}  # fmt: skip
+    out = {}
+    for scope, tasks in scopes.items():
+        if tasks:
+            diff, lo, hi = paired_diff_ci({t: after[t] for t in tasks}, {t: before[t] for t in tasks})
+            out[scope] = {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)], "tasks": len(tasks)}
+    return out
 
 
 # The experiments' episodes as rows, as the pipeline would write and score them (processors.rows, scoring).
