@@ -128,6 +128,26 @@ def recipe_demonstrations(raw: dict, work: Path, settings: Settings) -> pl.DataF
     return demonstration_steps(release_demonstrations(raw, work, settings))
 
 
+def per_task(frame: pl.DataFrame, train) -> dict[str, dict]:
+    """Each task's demonstrations (episodes, steps, click steps, distinct click screens) and the samples training
+    drew from it in expectation: a task-balanced sampler gives every task an equal share of each batch (of the
+    map-only steps, every task with click steps), a uniform one a share by its steps."""
+    clicks = pl.col("action_type") == "click"
+    counts = frame.group_by("task").agg(
+        pl.col("episode_id").n_unique().alias("episodes"), pl.len().alias("steps"), clicks.sum().alias("click_steps"),
+        pl.col("screenshot").filter(clicks).hash().n_unique().alias("click_screens"),
+    ).sort("task")  # fmt: skip
+    map_only = round(train.map_only_fraction * train.steps) * train.batch_size
+    full = (train.steps * train.batch_size) - map_only
+    click_tasks = counts.filter(pl.col("click_steps") > 0).height
+    out = {}
+    for row in counts.iter_rows(named=True):
+        share = 1 / counts.height if train.task_balanced else row["steps"] / frame.height
+        drawn = full * share + (map_only / click_tasks if row["click_steps"] else 0.0)
+        out[row["task"]] = {**{k: v for k, v in row.items() if k != "task"}, "samples": round(drawn)}
+    return out
+
+
 def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:
     recipe = VLARecipe.load(config_path)
     config = recipe.raw
@@ -160,6 +180,7 @@ def run_release(config_path: Path, work: Path, release_dir: Path, settings: Sett
             {k: c[k] for k in ("config", "episodes", "steps", "success_rate", "table_versions", "wall_s")}
             for c in collections
         ],
+        "per_task": per_task(frame, recipe.train),
         "training": {
             "samples": frame.height,
             "steps": result.steps,
