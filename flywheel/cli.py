@@ -238,14 +238,14 @@ def cmd_twin(args: argparse.Namespace) -> int:
 
 
 def _diagnose(p: argparse.ArgumentParser) -> None:
-    from flywheel.experiments.diagnose import DiagnoseConfig
+    from flywheel.run.diagnose import DiagnoseConfig
 
     add_config_arguments(p, DiagnoseConfig, parse=TASKS)
     p.set_defaults(func=cmd_diagnose)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from flywheel.experiments.diagnose import DiagnoseConfig, run_diagnose
+    from flywheel.run.diagnose import DiagnoseConfig, run_diagnose
 
     report = run_diagnose(config_from(args, DiagnoseConfig), get_settings())
     print(json.dumps(report["tasks"], indent=2))

@@ -165,11 +165,11 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.security import SecurityBenchConfig
     from flywheel.chaos.run import ChaosConfig
     from flywheel.experiments.curriculum import CurriculumConfig
-    from flywheel.experiments.diagnose import DiagnoseConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.ops.spool import SpoolReplayConfig
     from flywheel.run.config import DemoConfig
+    from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
     from learner.daemon import DaemonConfig

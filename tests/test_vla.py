@@ -567,7 +567,7 @@ def test_a_map_bundle_acts_as_torch_does(trained_map, frame, tmp_path):
 
 
 def test_diagnose_measures_the_map_and_the_pruning_recall_as_the_edge_runs_them(trained_map, frame, tmp_path):
-    from flywheel.experiments.diagnose import diagnose_screens
+    from flywheel.run.diagnose import box_cells, diagnose_screens
 
     result = trained_map
     path = export_bundle(result.model, result.tokenizer, PruningConfig(keep_ratio=0.25), tmp_path / "map.vla")
@@ -584,8 +584,8 @@ def test_diagnose_measures_the_map_and_the_pruning_recall_as_the_edge_runs_them(
         row, col = divmod(int(encoded.click_map[0].argmax()), encoded.click_map.shape[2])
         left, top, right, bottom = screen["box"]
         want.append(left <= (col + 0.5) * 5 <= right and top <= (row + 0.5) * 5 <= bottom)
-        x, y = screen["point"]
-        protected.append(int(y // 10) * 16 + int(x // 10) in encoded.relevance[0].topk(MAP_TOP_CELLS).indices.tolist())
+        top_cells = set(encoded.relevance[0].topk(MAP_TOP_CELLS).indices.tolist())
+        protected.append(bool(top_cells & box_cells(screen["box"], 10, 21, 16)))
     assert found["screens"] == 10 and found["map_in_box"] == pytest.approx(np.mean(want))
-    assert found["target_recall"] >= np.mean(protected)  # a target among the map's top cells is always kept
+    assert found["target_recall"] >= np.mean(protected)  # a target under one of the map's top cells is always kept
     assert 0.0 <= found["click_in_box"] <= 1.0

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.machine import fp32_ceiling, machine
+from core.machine import machine
 from core.settings import TIER1_TASKS
 from flywheel.bench.env import Profiler
 from flywheel.experiments.evaluation import run_episodes
@@ -259,6 +259,8 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
 
 def run_bench(config: LearnerBenchConfig) -> dict:
     import torch
+
+    from learner.ceiling import fp32_ceiling
 
     config.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in config.threads.split(",") if t]

@@ -5,7 +5,7 @@ element box recorded), run through the bundle exactly as the edge runs it (onnxr
 
     map_in_box        the click map's argmax bin lies inside the target's box (click-map models; None otherwise)
     click_in_box      the decoded greedy action is a click inside the box (map and decoder together)
-    target_recall     a kept visual token covers the expert's click point under pruning (what the decoder sees)
+    target_recall     a kept visual token overlaps the target's box under pruning (the decoder sees the target)
     keep_ratio        the bundle's shipped keep ratio those were measured at
 
 and, with `gap_episodes`, greedy success on seeds the release trained on (`train_seed`..) against held-out seeds
@@ -73,6 +73,14 @@ def inside(box: tuple[float, ...], x: float, y: float) -> bool:
     return left <= x <= right and top <= y <= bottom
 
 
+def box_cells(box: tuple[float, ...], patch_px: int, rows: int, cols: int) -> set[int]:
+    """Raster indices of the visual tokens (patch_px cells) that overlap the element box."""
+    left, top, right, bottom = box
+    first_col, last_col = max(int(left // patch_px), 0), min(int(right // patch_px), cols - 1)
+    first_row, last_row = max(int(top // patch_px), 0), min(int(bottom // patch_px), rows - 1)
+    return {r * cols + c for r in range(first_row, last_row + 1) for c in range(first_col, last_col + 1)}
+
+
 def diagnose_screens(runtime, screens: list[dict]) -> dict:
     """The map, decoded-click and pruning-recall rates of one task's screens under `runtime` (policy.runtime)."""
     from policy.pruning import MAP_TOP_CELLS, keep_count, patch_prior, select_patches
@@ -88,8 +96,7 @@ def diagnose_screens(runtime, screens: list[dict]) -> dict:
         prior = patch_prior(image, None, runtime.patch_px, runtime.pruning)
         keep = keep_count(runtime.num_patches, runtime.pruning.keep_ratio)
         kept = select_patches(relevance[0], prior, keep, MAP_TOP_CELLS if runtime.click_map else 0)
-        x, y = screen["point"]
-        recalled.append(int(y // runtime.patch_px) * runtime.cols + int(x // runtime.patch_px) in set(kept.tolist()))
+        recalled.append(bool(set(kept.tolist()) & box_cells(box, runtime.patch_px, runtime.rows, runtime.cols)))
         action = runtime.tok.parse(runtime.step(image, instruction, None)[0].ids).action
         clicked.append(action.type == "click" and inside(box, action.x, action.y))
     return {
