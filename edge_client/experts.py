@@ -567,16 +567,23 @@ def solve_email_inbox(obs: Observation) -> Decision:
     def sender_of(thread: DOMElement) -> DOMElement:
         return find(thread, lambda e: has_class(e, "email-sender"), "the sender")
 
+    def send_with_arrow(arrow_id: str, thought: str) -> Decision:
+        # The arrow is a CSS `content:` image: it has no size, so is not in the DOM, until send.png loads.
+        send = first(dom, lambda e: e.id == arrow_id)
+        if send is None:
+            return wait("The send arrow has not appeared yet; wait for it.")
+        return click(send, dom, thought)
+
     reply_text = first(dom, lambda e: e.id == "reply-text")
     if reply_text is not None:
-        send = find(dom, lambda e: e.id == "send-reply", "the send arrow")
         thought = f"The reply says '{task['reply']}'. Send it with the arrow at ({{x}}, {{y}})."
-        return fill(reply_text, task["reply"], dom, "reply", focus_ring=False) or click(send, dom, thought)
+        return fill(reply_text, task["reply"], dom, "reply", focus_ring=False) or send_with_arrow("send-reply", thought)
     forward_to = first(dom, lambda e: has_class(e, "forward-sender"))
     if forward_to is not None:
-        send = find(dom, lambda e: e.id == "send-forward", "the send arrow")
         thought = f"The email goes to {task['forward']}. Send it with the arrow at ({{x}}, {{y}})."
-        return fill(forward_to, task["forward"], dom, "recipient", focus_ring=False) or click(send, dom, thought)
+        return fill(forward_to, task["forward"], dom, "recipient", focus_ring=False) or send_with_arrow(
+            "send-forward", thought
+        )
 
     email = first(dom, lambda e: e.id == "email")
     if email is not None:

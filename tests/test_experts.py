@@ -88,6 +88,24 @@ def test_expert_registry() -> None:
         expert_for("book-flight")
 
 
+def test_email_inbox_waits_for_the_send_arrow_until_its_image_has_loaded() -> None:
+    # The arrow is a CSS `content:` image with no size, so absent from the DOM, until send.png loads: a
+    # loaded page under load showed the recipient filled and no arrow (CI, seed 101), and the expert gave up.
+    instruction = "Find the email by Maye and forward that email to Lisa."
+    recipient = element("input", (40, 30, 100, 14), classes="forward-sender", value="Lisa")
+    without_arrow = tree(element("div", (0, 0, 160, 210), [recipient], id="forward"))
+    decision = expert_for("email-inbox").act(
+        Observation("email-inbox", instruction, np.zeros((210, 160, 3)), without_arrow)
+    )
+    assert decision.action.type == "noop"
+    arrow = element("span", (140, 3, 14, 14), id="send-forward")
+    with_arrow = tree(element("div", (0, 0, 160, 210), [arrow, recipient], id="forward"))
+    decision = expert_for("email-inbox").act(
+        Observation("email-inbox", instruction, np.zeros((210, 160, 3)), with_arrow)
+    )
+    assert decision.action.type == "click" and 140 <= decision.action.x <= 154 and 3 <= decision.action.y <= 17
+
+
 # --- with one browser --------------------------------------------------------------------------
 
 
