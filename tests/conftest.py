@@ -1,8 +1,14 @@
 """Shared fixtures: one real Kafka broker per test session (and a 3-node cluster for the modules that ask for one),
-isolated from any flywheel already on the machine."""
+isolated from any flywheel already on the machine; and the tiers: every test is marked by what it starts.
+
+Markers come from the fixtures a test uses (`FIXTURE_MARKERS`: kafka, s3, demo, browser) and from how long it
+took in the last recorded full run on this box (`slow`: `SLOW_S` or more in tests/durations.json, written by
+`./flywheel.sh test --record-durations`). `./flywheel.sh test --fast` runs what is none of those.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,6 +24,44 @@ from core.settings import Settings, get_settings
 from flywheel.run.stack import LocalStack, local_stack
 from lake import objectstore
 from streams.broker_jars import share_jars
+
+FIXTURE_MARKERS = {
+    "kafka_stack": "kafka", "kafka_settings": "kafka", "stack": "kafka", "kafka_cluster": "kafka",
+    "cluster_stack": "kafka", "object_store": "s3", "s3_settings": "s3", "demo_run": "demo", "env": "browser",
+}  # fmt: skip
+SLOW_S = 5.0
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test's setup + call seconds to {DURATIONS.name} (what `slow` is judged by)")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    for item in items:
+        for marker in sorted({FIXTURE_MARKERS[f] for f in item.fixturenames if f in FIXTURE_MARKERS}):
+            item.add_marker(marker)
+        if recorded.get(item.nodeid, 0.0) >= SLOW_S:
+            item.add_marker("slow")
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call"):
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--record-durations") and _durations:
+        # Merged into what is there, so recording a part of the suite keeps the rest's figures.
+        recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        recorded.update({k: round(v, 2) for k, v in _durations.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
+
 
 # Jars are fetched once per machine, whatever home a test session uses (same place as the default home's).
 SHARED_HOME = Path.home() / ".cache" / "flywheel"
