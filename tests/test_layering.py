@@ -64,6 +64,13 @@ def test_every_package_is_on_a_floor():
 
 
 @pytest.mark.parametrize("package", sorted(FLOORS))
+def test_every_room_opens_with_what_it_is_for(package):
+    """A newcomer opening a package sees first what it holds (its __init__'s docstring)."""
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
+    assert doc and len(doc.split()) >= 8, f"{package}/__init__.py has no opening line saying what {package}/ is for"
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
 def test_imports_go_only_downward(package):
     assert violations(package) == []
 
