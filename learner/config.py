@@ -62,10 +62,15 @@ class VLATrainConfig:
     map_weight: float = 1.0
     """Click-map models (VLAConfig.click_map): weight of the click NLL over the target's element box."""
     map_only_fraction: float = 0.0
-    """Click-map models: the first this fraction of a run's steps train the encoder and its click map alone, on
-    click steps (task-balanced), without the decoder's forward pass (3-4x cheaper); the rest train the whole model."""
-    task_balanced: bool = False
-    """Draw a task uniformly, then one of its steps (False: steps uniformly, so multi-step tasks fill batches)."""
+    """Click-map models: this fraction of a run's steps, spread evenly through it (0.5: every other step), train
+    the encoder and its click map alone, on click steps (task-balanced), without the decoder's forward pass (3-4x
+    cheaper); the rest train the whole model on batches drawn as `balance` says."""
+    balance: str = "rows"
+    """How full steps draw their batch: "rows" uniformly over steps (multi-step tasks fill the batches), "tasks"
+    a task uniformly, then one of its steps, or "episodes" a task with probability proportional to its mean
+    episode length, then one of its steps: every task's episodes are trained alike, step for step, so a
+    five-step typing task gets five times a one-click task's decoder samples. Map-only steps are task-balanced
+    over click steps whatever this says."""
     augment_shift_px: int = 0
     """Training views (learner.augment): largest random shift in pixels, each axis; 0: none."""
     augment_scale: float = 0.0

@@ -20,6 +20,8 @@ from policy.screen import POSITIONAL_TYPES, SCREEN_H, SCREEN_W, decode_png
 from policy.tokens import ActionTokenizer, char_ids, short_thought
 from schemas import Action
 
+BALANCES = ("rows", "tasks", "episodes")
+
 
 class VLADataset:
     """Demonstration steps, decoded once: screenshots (M, 210, 160, 3) uint8, pruning priors, token sequences.
@@ -78,21 +80,31 @@ class VLADataset:
         self.tasks = frame["task"].to_numpy() if "task" in frame.columns else np.full(frame.height, "")
         self.by_task = _rows_by_task(self.tasks, self.trainable)
         self.clicks_by_task = _rows_by_task(self.tasks, self.trainable[self.positional[self.trainable]])
+        # (tasks,) each task's mean trainable steps per episode, normalised: the "episodes" balance's task weights.
+        episodes = frame["episode_id"].to_numpy()
+        lengths = np.array([len(rows) / len(set(episodes[rows])) for rows in self.by_task])
+        self.episode_length_by_task = lengths / lengths.sum() if len(lengths) else lengths
 
     def __len__(self) -> int:
         return len(self.action)
 
-    def sample(self, rng: np.random.Generator, size: int, task_balanced: bool = False,
+    def sample(self, rng: np.random.Generator, size: int, balance: str = "rows",
                clicks_only: bool = False) -> np.ndarray:  # fmt: skip
-        """(size,) trainable rows drawn with replacement: uniformly over rows (the same draws as before context
-        rows existed when every row is trainable: a seeded run's weights do not change), or `task_balanced`: a
-        task uniformly, then one of its rows, so long multi-step episodes do not crowd out the one-click tasks.
-        `clicks_only`: rows whose action has a screen target (click, scroll), task-balanced."""
-        if clicks_only or task_balanced:
+        """(size,) trainable rows drawn with replacement, as `balance` says (learner.config.VLATrainConfig):
+        "rows" uniformly (the same draws as before context rows existed when every row is trainable: a seeded
+        run's weights do not change), "tasks" a task uniformly, then one of its rows, "episodes" a task with
+        probability proportional to its mean episode length, then one of its rows. `clicks_only`: rows whose
+        action has a screen target (click, scroll), task-balanced."""
+        if balance not in BALANCES:
+            raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+        if clicks_only or balance != "rows":
             groups = self.clicks_by_task if clicks_only else self.by_task
             if not groups:
                 raise ValueError("no trainable click steps to sample" if clicks_only else "no trainable rows to sample")
-            picks = rng.integers(0, len(groups), size=size)
+            if clicks_only or balance == "tasks":
+                picks = rng.integers(0, len(groups), size=size)
+            else:
+                picks = rng.choice(len(groups), size=size, p=self.episode_length_by_task)
             return np.array([groups[g][rng.integers(0, len(groups[g]))] for g in picks], dtype=np.int64)
         if len(self.trainable) == len(self):
             return rng.integers(0, len(self), size=size)

@@ -94,6 +94,10 @@ class VLAConfig:
     """"reading": False drops FiLM and the cross-attention (the same stem, blind to the instruction: an ablation)."""
     max_instruction_chars: int = 96
     """"reading": characters of the instruction the encoder reads."""
+    reading_global_layers: int = 0
+    """"reading": self-attention layers over all 21x16 cells after the convolutions, so a cell's features can
+    depend on what is anywhere on the screen (identify-shape: a button is right because of the figure 100 px
+    away; the convolutions see +-45 px). 0: none (the models before it)."""
     pointer_relevance: bool = False
     """Add each kept patch's relevance (times a learned scale) to the coordinate tokens' pointer scores: the
     decoder then points where the encoder found what the instruction names, and refines from there."""
@@ -108,13 +112,15 @@ class VLAConfig:
         data = {k: v for k, v in asdict(self).items() if v is not None}
         if self.encoder == "patch":
             for name in READING_FIELDS:
-                data.pop(name)
+                data.pop(name, None)
         if not self.pointer_relevance:
             data.pop("pointer_relevance")
         if not self.click_map:
             data.pop("click_map")
         if not self.history_actions:
             data.pop("history_actions")
+        if not self.reading_global_layers:
+            data.pop("reading_global_layers", None)
         return data
 
     @classmethod
@@ -128,7 +134,14 @@ class VLAConfig:
         return rows * cols
 
 
-READING_FIELDS = ("encoder", "reading_channels", "reading_blocks", "reading_condition", "max_instruction_chars")
+READING_FIELDS = (
+    "encoder",
+    "reading_channels",
+    "reading_blocks",
+    "reading_condition",
+    "max_instruction_chars",
+    "reading_global_layers",
+)
 
 
 # log of a 0/1 membership matrix: 0 where patch i lies in column (row) c, -MEMBERSHIP elsewhere. Finite, so a
@@ -270,6 +283,24 @@ class FiLM(nn.Module):
         return x * (1.0 + gamma) + beta
 
 
+class CellAttention(nn.Module):
+    """One pre-norm transformer layer over the encoder's cells: multi-head self-attention, then an MLP (4x)."""
+
+    def __init__(self, channels: int, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm_attn, self.norm_mlp = nn.LayerNorm(channels), nn.LayerNorm(channels)
+        self.qkv, self.proj = nn.Linear(channels, 3 * channels), nn.Linear(channels, channels)
+        self.mlp = nn.Sequential(nn.Linear(channels, 4 * channels), nn.GELU(), nn.Linear(4 * channels, channels))
+
+    def forward(self, cells: torch.Tensor) -> torch.Tensor:
+        b, n, c = cells.shape  # (B, N, C)
+        q, k, v = self.qkv(self.norm_attn(cells)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        weights = (q @ k.transpose(-1, -2) / math.sqrt(c // self.heads)).softmax(-1)  # (B, H, N, N)
+        cells = cells + self.proj((weights @ v).transpose(1, 2).reshape(b, n, c))
+        return cells + self.mlp(self.norm_mlp(cells))
+
+
 class ReadingEncoder(nn.Module):
     """Pixels + instruction characters -> instruction-conditioned 10 px visual tokens and their relevance.
 
@@ -295,9 +326,12 @@ class ReadingEncoder(nn.Module):
         if self.condition:  # every cell asks the characters what it might be showing
             self.cross_q, self.cross_k = nn.Linear(c, c), nn.Linear(c, c)
             self.cross_v, self.cross_out = nn.Linear(c, c), nn.Linear(c, c)
+        self.rows, self.cols = grid_shape(cfg.patch_px)
+        self.global_layers = nn.ModuleList(CellAttention(c) for _ in range(cfg.reading_global_layers))
+        if cfg.reading_global_layers:  # where each cell is: attention alone does not know
+            self.cell_position = nn.Parameter(torch.randn(self.rows * self.cols, c) * 0.02)
         # click_map: SUB x SUB logits per cell (the map), whose logsumexp is the cell's relevance; else one logit.
         self.click_map = cfg.click_map
-        self.rows, self.cols = grid_shape(cfg.patch_px)
         self.relevance_head = nn.Sequential(nn.Linear(c, c), nn.GELU(), nn.Linear(c, SUB * SUB if cfg.click_map else 1))
         self.out = nn.Linear(c, d)
         self.norm = nn.LayerNorm(d)
@@ -328,6 +362,10 @@ class ReadingEncoder(nn.Module):
             # (B, N, L): every cell's affinity to every character
             scores = self.cross_q(cells) @ self.cross_k(states).transpose(1, 2) / math.sqrt(cells.shape[-1])
             cells = cells + self.cross_out((scores + pad_bias).softmax(-1) @ self.cross_v(states))
+        if self.global_layers:
+            cells = cells + self.cell_position  # (B, N, C)
+            for layer in self.global_layers:
+                cells = layer(cells)
         heads = self.relevance_head(cells)  # (B, N, SUB*SUB) or (B, N, 1)
         click_map = None
         if self.click_map:

@@ -13,6 +13,7 @@ LoRA (peft) adapters can replace full fine-tuning of the decoder for warm-starte
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -82,11 +83,11 @@ def train_vla(
         for group in optimizer.param_groups:
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
-        pretraining = model.cfg.click_map and step < config.map_only_fraction * config.steps
+        map_only = model.cfg.click_map and is_map_only_step(step, config.map_only_fraction)
         # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
-        idx = data.sample(rng, config.batch_size, config.task_balanced, clicks_only=pretraining)
+        idx = data.sample(rng, config.batch_size, config.balance, clicks_only=map_only)
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
-        if pretraining:  # the encoder and its map alone: no decoder pass for steps with nothing to write
+        if map_only:  # the encoder and its map alone: no decoder pass for steps with nothing to write
             _, _, click_map = net(batch["image"], None, batch["instruction_ids"], batch["instruction_chars"], None, 0)
             relevance_nll = click_map_nll(click_map, batch["positives"])
             total, token_nll = config.map_weight * relevance_nll, relevance_nll * 0.0
@@ -112,6 +113,13 @@ def train_vla(
             progress(VLAProgress(done, config.steps, losses[-1], token_nll.item(), relevance_nll.item(), lr, rate))
     bar.close()
     return run.finish(max(end, run.start_step), losses)
+
+
+def is_map_only_step(step: int, fraction: float) -> bool:
+    """Whether `step` trains the click map alone: `fraction` of the steps, spread evenly through the run (0.5:
+    every other step), so the map keeps its task-balanced click batches while the full steps sample as they
+    like (a first phase of map-only steps was forgotten by full steps drawn mostly from multi-step tasks)."""
+    return math.floor((step + 1) * fraction) > math.floor(step * fraction)
 
 
 def sft_loss(

@@ -23,7 +23,7 @@ from learner.lora import apply_lora, merge_lora
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import train_vla
+from learner.vla_sft import is_map_only_step, train_vla
 from policy.pruning import (
     ANCHOR,
     FLAT,
@@ -469,7 +469,7 @@ MAP = {**TINY, "encoder": "reading", "reading_channels": 16, "reading_blocks": 2
 @pytest.fixture(scope="module")
 def trained_map(frame, tmp_path_factory):
     config = VLATrainConfig(
-        **{**TRAIN.__dict__, **AUGMENT, "steps": 80, "task_balanced": True, "map_only_fraction": 0.125}
+        **{**TRAIN.__dict__, **AUGMENT, "steps": 80, "balance": "episodes", "map_only_fraction": 0.125}
     )
     return train_vla(frame, VLARecipe(model=MAP, vocab_size=400, train=config), tmp_path_factory.mktemp("map"))
 
@@ -488,11 +488,19 @@ def test_a_task_balanced_sampler_draws_every_task_alike(frame):
     tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
     data = VLADataset(frame, tok, VLAConfig(vocab_size=tok.vocab_size, **MAP), PruningConfig())
     rng = np.random.default_rng(0)
-    tasks = data.tasks[data.sample(rng, 3000, task_balanced=True)]
+    tasks = data.tasks[data.sample(rng, 3000, balance="tasks")]
     shares = {t: float(np.mean(tasks == t)) for t in ("click-test", "click-button", "enter-text")}
     assert all(abs(share - 1 / 3) < 0.04 for share in shares.values()), shares
     uniform = data.tasks[data.sample(rng, 3000)]
     assert np.mean(uniform == "enter-text") > 0.45  # its episodes are 3-4 steps long: uniform rows favour it
+    # "episodes": a task's share is its mean episode length over the sum of them (1, 1 and 3-4 steps here).
+    lengths = {t: np.mean(data.tasks[data.trainable] == t) / frame.filter(pl.col("task") == t)["episode_id"].n_unique()
+               for t in shares}  # fmt: skip
+    tasks = data.tasks[data.sample(rng, 6000, balance="episodes")]
+    for task, length in lengths.items():
+        assert abs(np.mean(tasks == task) - length / sum(lengths.values())) < 0.03, (task, np.mean(tasks == task))
+    with pytest.raises(ValueError, match="balance must be one of"):
+        data.sample(rng, 4, balance="tasks_alike")
     clicks = data.sample(rng, 500, clicks_only=True)
     assert all(data.action[i].type == "click" for i in clicks)
     counts = data.rows_per_task()
@@ -509,7 +517,7 @@ def test_the_map_is_one_softmax_over_the_screen_and_scores_the_coordinate_tokens
     assert click_map.shape == (4, 42, 32)
     assert torch.allclose(click_map.exp().sum((1, 2)), torch.ones(4), atol=1e-4)
     # the cell relevance is the map's cell marginal, up to a constant per screen
-    cells = click_map.reshape(4, 21, 2, 16, 2).exp().sum((2, 4)).reshape(4, -1).log()
+    cells = click_map.reshape(4, 21, 2, 16, 2).logsumexp((2, 4)).reshape(4, -1)
     assert torch.allclose((relevance - cells).std(1), torch.zeros(4), atol=1e-4)
     # the x token of a click reads the column marginal; the y token the column the x token chose
     row = 0
@@ -523,7 +531,11 @@ def test_the_map_is_one_softmax_over_the_screen_and_scores_the_coordinate_tokens
 
 
 def test_the_map_learns_and_its_pretraining_leaves_the_decoder_alone(trained_map, frame, tmp_path):
-    pretraining, full = trained_map.losses[:10], trained_map.losses[10:]  # click NLL alone, then token + click
+    # 1 step in 8 is map-only (the click NLL alone), spread through the run; the rest are token + click
+    map_only = [is_map_only_step(step, 0.125) for step in range(len(trained_map.losses))]
+    assert sum(map_only) == 10 and map_only[7] and not map_only[0]
+    pretraining = [loss for loss, alone in zip(trained_map.losses, map_only, strict=True) if alone]
+    full = [loss for loss, alone in zip(trained_map.losses, map_only, strict=True) if not alone]
     assert pretraining[-1] < 0.6 * np.log(42 * 32)  # from a uniform map
     assert np.mean(full[-5:]) < 0.6 * np.mean(full[:5])
     config = VLATrainConfig(**{**TRAIN.__dict__, "steps": 6, "map_only_fraction": 1.0, "checkpoint_every": 0})

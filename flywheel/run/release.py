@@ -130,8 +130,8 @@ def recipe_demonstrations(raw: dict, work: Path, settings: Settings) -> pl.DataF
 
 def per_task(frame: pl.DataFrame, train) -> dict[str, dict]:
     """Each task's demonstrations (episodes, steps, click steps, distinct click screens) and the samples training
-    drew from it in expectation: a task-balanced sampler gives every task an equal share of each batch (of the
-    map-only steps, every task with click steps), a uniform one a share by its steps."""
+    drew from it in expectation: map-only steps give every task with click steps an equal share; full steps a
+    share by its steps (balance "rows"), an equal one ("tasks") or one by its mean episode length ("episodes")."""
     clicks = pl.col("action_type") == "click"
     counts = frame.group_by("task").agg(
         pl.col("episode_id").n_unique().alias("episodes"), pl.len().alias("steps"), clicks.sum().alias("click_steps"),
@@ -141,10 +141,14 @@ def per_task(frame: pl.DataFrame, train) -> dict[str, dict]:
     full = (train.steps * train.batch_size) - map_only
     click_tasks = counts.filter(pl.col("click_steps") > 0).height
     out = {}
+    mean_length = pl.col("steps") / pl.col("episodes")
+    counts = counts.with_columns((mean_length / mean_length.sum()).alias("length_share"))
     for row in counts.iter_rows(named=True):
-        share = 1 / counts.height if train.task_balanced else row["steps"] / frame.height
+        share = {"rows": row["steps"] / frame.height, "tasks": 1 / counts.height, "episodes": row["length_share"]}
+        share = share[train.balance]
         drawn = full * share + (map_only / click_tasks if row["click_steps"] else 0.0)
-        out[row["task"]] = {**{k: v for k, v in row.items() if k != "task"}, "samples": round(drawn)}
+        out[row["task"]] = {**{k: v for k, v in row.items() if k not in ("task", "length_share")},
+                            "samples": round(drawn)}  # fmt: skip
     return out
 
 
