@@ -34,8 +34,8 @@ DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--record-durations", action="store_true",
-                     help=f"write each test's setup + call seconds to {DURATIONS.name} (what `slow` is judged by)")  # fmt: skip
+    what = f"write each test's setup + call seconds to {DURATIONS.name} (what `slow` is judged by)"
+    parser.addoption("--record-durations", action="store_true", help=what)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
