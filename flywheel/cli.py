@@ -544,8 +544,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "edge": ("run one edge client", _edge),
     "spool": ("an edge client's on-disk spool: `replay` sends a dead client's to Kafka and empties it", _spool),
     "sft": ("one SFT run on the Delta tables' demonstrations and successes, published as a model version", _sft),
-    "learner": ("the continuous learner: SFT, then retrains from it on demos + teacher labels (curriculum "
-                "supervised) or offline RL -> online RL (curriculum rl), a version every N episodes", _learner),
+    "learner": (
+        "the continuous learner: SFT, then retrains from it on demos + teacher labels (curriculum "
+        "supervised) or offline RL -> online RL (curriculum rl), a version every N episodes",
+        _learner,
+    ),
     "twin": ("a version's retrain again on the demonstrations alone: its no-fleet twin (stored, unpublished)", _twin),
     "eval": ("success rate per task with the binary reward", _eval),
     "diagnose": ("where clicks go wrong: map and decoded click in the target, recall under pruning", _diagnose),
@@ -553,8 +556,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),
     "experiment": ("arms trained on the same demonstrations, evaluated side by side (ablations, curves)", _experiment),
     "canary": ("promote or roll back the canary version by live success", _canary),
-    "demo": ("the whole flywheel turning by itself for --minutes (the main job; --turns N: N rounds instead), "
-             "then DIR/report.json", _demo),
+    "demo": (
+        "the whole flywheel turning by itself for --minutes (the main job; --turns N: N rounds instead), "
+        "then DIR/report.json",
+        _demo,
+    ),
     "chaos": ("the continuous flywheel under a seeded fault schedule, then the ledger check: DIR/chaos.json", _chaos),
     "status": ("one screen: fleet, pipeline, learner, success by task and model version", _status),
     "replay": ("rebuild the Delta tables from the Kafka log into DIR, compare with the live", _replay),
