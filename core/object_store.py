@@ -1,6 +1,10 @@
-"""An S3-compatible object store as the flywheel's data directory: where a location lives, the options delta-rs and
-polars need to reach it, and a small signed client (AWS Signature V4 over httpx) for what they do not do for us:
-the model store's objects, the pins, and the conditional-put probe.
+"""The flywheel's data directory on local disk or an S3-compatible object store: where a location lives, the options
+delta-rs and polars need to reach it, and `Files` for what they do not do for us (the model store's objects, the
+manifests, the pins, a Delta log's checkpoint pointer, the conditional-put probe).
+
+`Files` goes through obstore, the Python binding of the Rust `object_store` crate that delta-rs itself uses: one
+library signs the requests (AWS Signature V4), retries, and does the conditional create (`If-None-Match: *` on S3,
+a hard link on a local disk), for the tables and for the files around them alike.
 
 A location is a local path or an `s3://bucket/prefix` URI (`is_remote`); `join` appends to either. Path-style
 addressing on the configured endpoint (S3Proxy, MinIO, ... and AWS itself).
@@ -8,17 +12,17 @@ addressing on the configured endpoint (S3Proxy, MinIO, ... and AWS itself).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import functools
-import hashlib
-import hmac
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
+from obstore.store import LocalStore, S3Store
 
 Location = Path | str  # a local directory, or an s3://bucket/prefix URI
 
@@ -32,7 +36,8 @@ class TooLarge(ObjectStoreError):
 
 
 class PreconditionFailed(ObjectStoreError):
-    """A conditional write found the key taken (HTTP 412): another writer got there first."""
+    """A conditional write found the key taken (HTTP 412, or the name taken on a local disk): another writer got
+    there first."""
 
 
 def is_remote(location: Location) -> bool:
@@ -77,184 +82,120 @@ class S3Config:
         }
 
 
-class S3Client:
-    """The few S3 calls the flywheel makes itself, signed with AWS Signature V4 (path-style)."""
-
-    def __init__(self, config: S3Config, timeout: float = 30.0):
-        import httpx
-
-        self.config = config
-        self._http = httpx.Client(base_url=config.endpoint, timeout=timeout)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def create_bucket(self, bucket: str) -> None:
-        """Create `bucket` unless it exists (ours already: fine)."""
-        response = self._request("PUT", bucket, "")
-        if response.status_code not in (200, 409):
-            raise ObjectStoreError(f"create bucket {bucket}: HTTP {response.status_code} {response.text[:300]}")
-
-    def put(self, uri: str, body: bytes, if_absent: bool = False) -> None:
-        """Write `body` at `uri`; with `if_absent`, only if no object is there (PreconditionFailed otherwise)."""
-        bucket, key = split_uri(uri)
-        headers = {"If-None-Match": "*"} if if_absent else {}
-        response = self._request("PUT", bucket, key, body=body, headers=headers)
-        if response.status_code == 412:
-            raise PreconditionFailed(f"{uri} already exists")
-        self._check(response, "PUT", uri)
-
-    def get(self, uri: str, max_bytes: int | None = None) -> bytes | None:
-        """The object's bytes, None when there is none; TooLarge, before more than `max_bytes` are read, for a
-        larger one."""
-        bucket, key = split_uri(uri)
-        with self._request("GET", bucket, key, stream=True) as response:
-            if response.status_code == 404:
-                return None
-            if response.status_code >= 300:
-                response.read()
-                self._check(response, "GET", uri)
-            declared = int(response.headers.get("content-length", 0))
-            if max_bytes is not None and declared > max_bytes:
-                raise TooLarge(f"GET {uri}: {declared} bytes, over the bound of {max_bytes}")
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if max_bytes is not None and len(data) > max_bytes:
-                    raise TooLarge(f"GET {uri}: over the bound of {max_bytes} bytes")
-            return bytes(data)
-
-    def exists(self, uri: str) -> bool:
-        bucket, key = split_uri(uri)
-        response = self._request("HEAD", bucket, key)
-        if response.status_code == 404:
-            return False
-        self._check(response, "HEAD", uri)
-        return True
-
-    def delete(self, uri: str) -> None:
-        bucket, key = split_uri(uri)
-        response = self._request("DELETE", bucket, key)
-        if response.status_code != 404:
-            self._check(response, "DELETE", uri)
-
-    def list(self, prefix_uri: str) -> list[str]:
-        """URIs of every object under `prefix_uri/` (ListObjectsV2, every page)."""
-        from xml.etree import ElementTree
-
-        bucket, prefix = split_uri(prefix_uri.rstrip("/") + "/")
-        found, token = [], None
-        while True:
-            query = {"list-type": "2", "prefix": prefix} | ({"continuation-token": token} if token else {})
-            response = self._request("GET", bucket, "", query=query)
-            self._check(response, "LIST", prefix_uri)
-            root = ElementTree.fromstring(response.content)
-            ns = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
-            found += [f"s3://{bucket}/{k.text}" for k in root.iter(f"{ns}Key")]
-            truncated = root.findtext(f"{ns}IsTruncated") == "true"
-            token = root.findtext(f"{ns}NextContinuationToken")
-            if not truncated or not token:
-                return found
-
-    def _check(self, response, method: str, uri: str) -> None:
-        if response.status_code >= 300:
-            raise ObjectStoreError(f"{method} {uri}: HTTP {response.status_code} {response.text[:300]}")
-
-    def _request(self, method: str, bucket: str, key: str, body: bytes = b"", headers: dict | None = None,
-                 query: dict | None = None, stream: bool = False):  # fmt: skip
-        """The response; with `stream`, a context manager over it whose body is read as it arrives."""
-        path = "/" + quote(bucket) + ("/" + quote(key, safe="/~") if key else "")
-        signed = sign_v4(self.config, method, self._http.base_url.netloc.decode(), path, query or {}, body)
-        request = self._http.build_request(method, path, params=query, content=body,
-                                           headers={**(headers or {}), **signed})  # fmt: skip
-        if stream:
-            return contextlib.closing(self._http.send(request, stream=True))
-        return self._http.send(request)
+# How long a request may take, and how a failed one is retried (5xx answers, connection errors and timeouts only):
+# a store that is down fails a call within about a minute (the library's own default waits up to 3 minutes), so a
+# caller (an edge fetching a model, a learner publishing) sees the outage and retries on its own schedule.
+CLIENT_OPTIONS = {"timeout": dt.timedelta(seconds=30), "connect_timeout": dt.timedelta(seconds=5)}
+RETRY = {"max_retries": 3, "retry_timeout": dt.timedelta(seconds=20)}
 
 
-@functools.lru_cache(maxsize=8)
-def shared_client(config: S3Config) -> S3Client:
-    """One client (its connection pool) per store and credential, for the whole process."""
-    return S3Client(config)
+def s3_store(config: S3Config, bucket: str) -> S3Store:
+    """A store on `bucket`, path-style, its creates conditional (`conditional_put="etag"`: `If-None-Match: *`, as
+    delta-rs commits), plain http allowed for an http:// endpoint (the loopback S3Proxy)."""
+    return S3Store(
+        bucket,
+        endpoint=config.endpoint,
+        access_key_id=config.access_key,
+        secret_access_key=config.secret_key,
+        region=config.region,
+        virtual_hosted_style_request=False,
+        conditional_put="etag",
+        client_options={**CLIENT_OPTIONS, "allow_http": config.endpoint.startswith("http://")},
+        retry_config=RETRY,
+    )
 
 
-def sign_v4(config: S3Config, method: str, host: str, path: str, query: dict[str, str], body: bytes,
-            now: dt.datetime | None = None) -> dict[str, str]:  # fmt: skip
-    """The headers that sign a request with AWS Signature Version 4 (service s3): x-amz-date,
-    x-amz-content-sha256 and Authorization. `path` is already URI-encoded."""
-    now = now or dt.datetime.now(dt.UTC)
-    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    payload_hash = hashlib.sha256(body).hexdigest()
-    canonical_query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query.items()))
-    headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
-    signed_headers = ";".join(sorted(headers))
-    canonical_headers = "".join(f"{name}:{headers[name]}\n" for name in sorted(headers))
-    canonical_request = "\n".join([method, path, canonical_query, canonical_headers, signed_headers, payload_hash])
-    scope = f"{day}/{config.region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()])
-    key = f"AWS4{config.secret_key}".encode()
-    for part in (day, config.region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    authorization = (f"AWS4-HMAC-SHA256 Credential={config.access_key}/{scope}, "
-                     f"SignedHeaders={signed_headers}, Signature={signature}")  # fmt: skip
-    return {"x-amz-date": amz_date, "x-amz-content-sha256": payload_hash, "Authorization": authorization}
+def shared_store(config: S3Config, bucket: str) -> S3Store:
+    """One store (its connection pool) per bucket and credential, for the whole process; safe across threads. A
+    forked child makes its own: a pool's connections and its runtime's threads do not survive a fork."""
+    return _store_of_process(config, bucket, os.getpid())
+
+
+@functools.lru_cache(maxsize=16)
+def _store_of_process(config: S3Config, bucket: str, pid: int) -> S3Store:
+    return s3_store(config, bucket)
+
+
+@functools.lru_cache(maxsize=1)
+def local_store() -> LocalStore:
+    """The local disk, rooted at /: a location's absolute path, less its leading slash, is its path in the store."""
+    return LocalStore()
 
 
 class Files:
     """One small file API over local paths and s3:// URIs, for the bookkeeping files around the tables (manifests,
-    pins, a Delta log's checkpoint pointer): read, write (optionally only if absent), list, delete."""
+    pins, a Delta log's checkpoint pointer): read, write (optionally only if absent), list, delete. obstore does each
+    on either: a write is atomic (a reader never sees half: a staged file renamed, or one PUT), a write-if-absent is a
+    hard link or a PUT with `If-None-Match: *`."""
 
     def __init__(self, config: Callable[[], S3Config]):
         self._config = config  # the credential is looked up at the first remote call only
 
-    def _s3(self) -> S3Client:
-        return shared_client(self._config())
+    def _locate(self, location: Location) -> tuple[S3Store | LocalStore, str]:
+        """(store, path in it) of `location`."""
+        if is_remote(location):
+            bucket, key = split_uri(str(location))
+            return shared_store(self._config(), bucket), key
+        return local_store(), os.path.abspath(location).lstrip("/")  # abspath: the store refuses "..", "//"
 
     def read(self, location: Location, max_bytes: int | None = None) -> bytes | None:
-        """The file's bytes, None when there is none; TooLarge for one over `max_bytes`."""
-        if is_remote(location):
-            return self._s3().get(str(location), max_bytes)
+        """The file's bytes, None when there is none; TooLarge, before its body is read, for one over `max_bytes`."""
+        store, path = self._locate(location)
         try:
-            with open(location, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if max_bytes is not None and size > max_bytes:
-                    raise TooLarge(f"{location}: {size} bytes, over the bound of {max_bytes}")
-                return handle.read()
-        except FileNotFoundError:
+            result = obstore.get(store, path)
+            size = result.meta["size"]
+            if max_bytes is not None and size > max_bytes:
+                raise TooLarge(f"{location}: {size} bytes, over the bound of {max_bytes}")
+            return bytes(result.bytes())
+        except (FileNotFoundError, NotFoundError):
             return None
+        except BaseError as error:
+            raise ObjectStoreError(f"read {location}: {_brief(error)}") from error
 
     def write(self, location: Location, data: bytes, if_absent: bool = False) -> None:
         """Write atomically (a reader never sees half); with `if_absent`, PreconditionFailed when it exists."""
-        if is_remote(location):
-            self._s3().put(str(location), data, if_absent=if_absent)
-            return
-        path = Path(location)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer thread
-        tmp.write_bytes(data)
-        if if_absent:
-            try:
-                os.link(tmp, path)  # fails when the name is taken: put-if-absent on a local disk
-            except FileExistsError:
-                raise PreconditionFailed(f"{path} already exists") from None
-            finally:
-                tmp.unlink()
-        else:
-            tmp.replace(path)
+        store, path = self._locate(location)
+        try:
+            obstore.put(store, path, data, mode="create" if if_absent else "overwrite", use_multipart=False)
+        except (AlreadyExistsError, PreconditionError):
+            raise PreconditionFailed(f"{location} already exists") from None
+        except BaseError as error:
+            raise ObjectStoreError(f"write {location}: {_brief(error)}") from error
 
     def exists(self, location: Location) -> bool:
-        return self._s3().exists(str(location)) if is_remote(location) else Path(location).exists()
+        store, path = self._locate(location)
+        try:
+            obstore.head(store, path)
+        except (FileNotFoundError, NotFoundError):
+            return False
+        except BaseError as error:
+            raise ObjectStoreError(f"exists {location}: {_brief(error)}") from error
+        return True
 
     def list(self, location: Location) -> list[Location]:
-        """Every file under the directory or prefix `location` (recursively), sorted."""
+        """Every file under the directory or prefix `location` (recursively), sorted: s3:// URIs for a remote
+        location, Paths under `location` (as it was given, relative or absolute) for a local one."""
+        store, prefix = self._locate(location)
+        try:
+            found = [meta["path"] for chunk in obstore.list(store, prefix=prefix or None) for meta in chunk]
+        except BaseError as error:
+            raise ObjectStoreError(f"list {location}: {_brief(error)}") from error
         if is_remote(location):
-            return sorted(self._s3().list(str(location)))
-        root = Path(location)
-        return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+            bucket = split_uri(str(location))[0]
+            return sorted(f"s3://{bucket}/{key}" for key in found)
+        return sorted(Path(location) / key.removeprefix(prefix).lstrip("/") for key in found)
 
     def delete(self, location: Location) -> None:
-        if is_remote(location):
-            self._s3().delete(str(location))
-        else:
-            Path(location).unlink(missing_ok=True)
+        """Remove the file; nothing to do when there is none."""
+        store, path = self._locate(location)
+        try:
+            obstore.delete(store, path)
+        except (FileNotFoundError, NotFoundError):
+            pass
+        except BaseError as error:
+            raise ObjectStoreError(f"delete {location}: {_brief(error)}") from error
+
+
+def _brief(error: BaseError) -> str:
+    """The library's message without the debug dump it appends (the chained exception keeps that)."""
+    return str(error).split("\n\nDebug source:", 1)[0]

@@ -5,19 +5,22 @@ again through its pid file).
 Why 4.x: S3Proxy before 4.0 ignored or only emulated `If-None-Match: *` on PUT, so two writers of one Delta table
 could each write version N and one commit would silently vanish; 4.x publishes an object with a hard link and
 answers 412 to the second. `up` probes exactly that (two conditional PUTs to one fresh key: the second must get 412)
-and refuses to run otherwise. Under `settings.objectstore_dir`: `s3proxy-<version>.jar`, `s3proxy.properties`,
-`credential` (made at the first start, mode 0600), `s3proxy.log`, `s3proxy.pid`, `data/` (one directory per bucket).
+and refuses to run otherwise (through `core.object_store.Files`, the same library and options as every write).
+Under `settings.objectstore_dir`: `s3proxy-<version>.jar`, `s3proxy.properties`, `credential` (made at the first
+start, mode 0600), `s3proxy.log`, `s3proxy.pid`, `data/` (one directory per bucket).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
-import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from core.object_store import ObjectStoreError, PreconditionFailed, S3Client, split_uri
+from core.object_store import Files, ObjectStoreError, PreconditionFailed, S3Config, split_uri
 from core.processes import file_lock, runs_service, service_pid, spawn_detached, wait_until
 from core.settings import Settings
 
@@ -50,21 +53,19 @@ def up(settings: Settings, timeout: float = 60.0) -> int:
                "-XX:+ExitOnOutOfMemoryError", "-jar", str(jar), "--properties", str(props)]  # fmt: skip
         pid = spawn_detached(cmd, log_path(settings))
         pid_path(settings).write_text(f"{pid}\n")
-    client = S3Client(settings.s3_config)
     try:
         if started_here:
             wait_until(lambda: _answers(settings) or not is_s3proxy(settings, pid), timeout, 0.2, "S3Proxy to answer")
             if not is_s3proxy(settings, pid):
                 raise ObjectStoreError(f"S3Proxy exited at start; {log_path(settings)} ends with:\n{_tail(settings)}")
         if settings.data_is_remote:
-            client.create_bucket(split_uri(str(settings.data_dir))[0])
-        probe_conditional_put(client, "flywheel-probe")
+            create_bucket(settings, split_uri(str(settings.data_dir))[0])
+        create_bucket(settings, PROBE_BUCKET)
+        probe_conditional_put(local_config(settings), PROBE_BUCKET)
     except (TimeoutError, ObjectStoreError):
         if started_here:
             down(settings)  # nothing half-started, or unsafe, is left running
         raise
-    finally:
-        client.close()
     return pid
 
 
@@ -107,22 +108,43 @@ def status(settings: Settings) -> dict:
             "data": str(data_path(settings)), "data_dir": str(settings.data_dir)}  # fmt: skip
 
 
-def probe_conditional_put(client: S3Client, bucket: str) -> None:
-    """Two `If-None-Match: *` PUTs to one fresh key: the first must succeed and the second get 412, or concurrent
-    Delta commits are not safe on this store (ObjectStoreError)."""
-    client.create_bucket(bucket)
+PROBE_BUCKET = "flywheel-probe"
+
+
+def probe_conditional_put(config: S3Config, bucket: str = PROBE_BUCKET) -> None:
+    """Two conditional creates (`If-None-Match: *`) of one fresh key in `bucket` (which must exist): the first must
+    succeed and the second get 412, or concurrent Delta commits are not safe on this store (ObjectStoreError)."""
+    files = Files(lambda: config)
     key = f"s3://{bucket}/probe/{uuid.uuid4().hex}"
-    client.put(key, b"first", if_absent=True)
+    files.write(key, b"first", if_absent=True)
     try:
-        client.put(key, b"second", if_absent=True)
+        files.write(key, b"second", if_absent=True)
+        refused = False
     except PreconditionFailed:
+        refused = True
+    # A probe object left behind is harmless; a failed removal (S3Proxy 2.x has no DeleteObjects, which obstore's
+    # delete uses) must not hide the verdict.
+    with contextlib.suppress(ObjectStoreError):
+        files.delete(key)
+    if refused:
         return
-    finally:
-        client.delete(key)
     raise ObjectStoreError(
-        f"the object store at {client.config.endpoint} overwrote an object despite If-None-Match: * (no 412): two "
+        f"the object store at {config.endpoint} overwrote an object despite If-None-Match: * (no 412): two "
         "writers of one Delta table could both commit the same version. Multi-writer mode refused; use S3Proxy 4.x."
     )
+
+
+def create_bucket(settings: Settings, bucket: str) -> None:
+    """Create `bucket` on the local S3Proxy unless it exists. Its filesystem backend keeps a bucket as a directory
+    of its data dir, so this is that directory (an object store library has no bucket calls: buckets are an
+    operator's business on any other store)."""
+    (data_path(settings) / bucket).mkdir(parents=True, exist_ok=True)
+
+
+def local_config(settings: Settings) -> S3Config:
+    """Endpoint and credential of this home's S3Proxy, whatever store `settings` is configured for."""
+    access, secret = local_credential(settings)
+    return S3Config(settings.local_s3_endpoint, access, secret, settings.s3_region)
 
 
 def ensure_jar(settings: Settings) -> Path:
@@ -209,16 +231,16 @@ def _markers(settings: Settings) -> tuple[bytes, bytes]:
 
 
 def _answers(settings: Settings) -> bool:
-    client = S3Client(settings.s3_config, timeout=2.0)
+    """True once the server answers HTTP at all (an unsigned request, straight to loopback: its 403 is an answer),
+    False while nothing listens or the connection drops."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        client.list(f"s3://flywheel-probe-{int(time.time())}")
-    except ObjectStoreError:
-        return True  # an S3 error (no such bucket) is an answer
-    except Exception:
-        return False  # not listening yet
-    finally:
-        client.close()
-    return True
+        with direct.open(settings.local_s3_endpoint, timeout=2.0):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
 
 
 def _port_busy(port: int) -> bool:
