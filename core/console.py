@@ -7,8 +7,15 @@ from pathlib import Path
 
 
 def jsonable(values: dict) -> dict:
-    """A config's fields as JSON values (paths as strings, tuples as lists), comparable with a loaded report."""
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
+    """A config's fields as JSON values (paths as strings, tuples as lists, a nested config's as a dict of them),
+    comparable with a loaded report."""
+    return {k: _jsonable(v) for k, v in values.items()}
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, dict):
+        return jsonable(value)
+    return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
 
 def say(message: str) -> None:
