@@ -67,16 +67,20 @@ class EdgeConfig:
     """/metrics port (0: any free port, None: do not serve)."""
     summary_path: Path | None = None
     """Where to write the run summary as JSON."""
-    stop_after_s: float | None = None
-    """Stop at the first episode boundary after this many seconds (None: run all episodes)."""
-    drain_timeout_s: float = 120.0
-    """At exit, how long to wait for the spool to reach Kafka."""
+    stop_after_s: float = 0.0
+    """Stop at the first episode boundary after this many seconds (0: run all episodes)."""
+    spool_timeout_s: float = 120.0
+    """At exit, how long to wait for the spool to reach Kafka (what is left is sent by the next run)."""
     ledger_path: Path | None = None
     """Append each step's event_id to this file once it is in the spool (a client's own record of what it owes the
     tables: `flywheel chaos` checks each is in Delta exactly once)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """With policy='model': which screens the DOM teacher labels, and its budget (edge_client.teacher)."""
 
+
+# `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
+# runs that start clients their command lines (core.cli_config.config_argv).
+FLAG_NAMES = {"episodes_per_task": "--episodes", "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"}
 
 ACTING_GAP_S = 0.5  # an episode boundary (swap, reset) shorter than this is not idleness
 
@@ -148,7 +152,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     reads_dom = config.policy == "expert" or config.bootstrap_expert
     env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
     schedule = episode_schedule(config)
-    deadline = time.monotonic() + config.stop_after_s if config.stop_after_s is not None else None
+    deadline = time.monotonic() + config.stop_after_s if config.stop_after_s > 0 else None
     # SIGTERM (a restart, a deploy) ends the client at the next episode boundary, its spool drained: an episode
     # cut off mid-way would leave steps whose episode never ends.
     with sigterm_requests_stop() as stop_requested:
@@ -174,7 +178,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
         finally:
             env.close()
-            summary.unsent = publisher.close(timeout_s=config.drain_timeout_s)
+            summary.unsent = publisher.close(timeout_s=config.spool_timeout_s)
             metrics.SPOOL_DEPTH.set(summary.unsent)
             if ledger is not None:
                 ledger.close()

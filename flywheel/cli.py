@@ -8,12 +8,13 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pydantic import ValidationError
 
-from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values
+from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_argv, config_from, config_values
 from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
@@ -80,44 +81,40 @@ def cmd_objectstore(args: argparse.Namespace) -> int:
 
 
 def _process(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, default=0)
-    p.add_argument("--loglevel", default="warning")
-    p.add_argument("--no-restart", action="store_true",
-                   help="run the worker in this process; by default a supervisor starts it again after a crash "
-                        "(a batch it could not write, an object store or broker it could not reach)")  # fmt: skip
+    from processors.worker_config import WorkerConfig
+
+    add_config_arguments(p, WorkerConfig)
     p.set_defaults(func=cmd_process)
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    if not args.no_restart:
+    from processors.worker_config import WorkerConfig
+
+    config = config_from(args, WorkerConfig)
+    if config.restart:
         from core.processes import supervise
 
         # A crashed worker acked nothing: the next one is redelivered what it had not written (processors.worker).
-        worker = [sys.executable, "-m", "flywheel.cli", "process", "--no-restart",
-                  "--metrics-port", str(args.metrics_port), "--loglevel", args.loglevel]  # fmt: skip
+        worker = [sys.executable, "-m", "flywheel.cli", "process", *config_argv(replace(config, restart=False))]
         return supervise(worker, "faust worker")
     from processors.worker import run_worker
 
-    run_worker(get_settings(), metrics_port=args.metrics_port, loglevel=args.loglevel)
+    run_worker(get_settings(), metrics_port=config.metrics_port, loglevel=config.loglevel)
     return 0
 
 
 def _edge(p: argparse.ArgumentParser) -> None:
-    from edge_client.runner import EdgeConfig
-    from edge_client.teacher import TeacherConfig
+    from edge_client.runner import FLAG_NAMES, EdgeConfig
 
-    add_config_arguments(p, EdgeConfig, parse=TASKS, exclude=("teacher",), rename={"episodes_per_task": "--episodes",
-                         "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"})  # fmt: skip
-    add_config_arguments(p.add_argument_group("teacher (edge_client.teacher)"), TeacherConfig)
+    add_config_arguments(p, EdgeConfig, parse=TASKS, rename=FLAG_NAMES)  # the teacher's flags: a group of their own
     p.set_defaults(func=cmd_edge)
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
     from edge_client.runner import EdgeConfig, run_client
     from edge_client.spool import SpoolInUse
-    from edge_client.teacher import TeacherConfig
 
-    config = config_from(args, EdgeConfig, teacher=config_from(args, TeacherConfig))
+    config = config_from(args, EdgeConfig)
     try:
         summary = run_client(config, get_settings())
     except SpoolInUse as error:  # this client id already runs (or its spool is being replayed): one sender only
@@ -195,7 +192,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _learner(p: argparse.ArgumentParser) -> None:
-    from learner.daemon import DaemonConfig
+    from learner.daemon_config import DaemonConfig
 
     p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
     add_config_arguments(p, DaemonConfig)
@@ -204,7 +201,8 @@ def _learner(p: argparse.ArgumentParser) -> None:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
-    from learner.daemon import DaemonConfig, run_daemon
+    from learner.daemon import run_daemon
+    from learner.daemon_config import DaemonConfig
 
     settings = get_settings()
     if args.metrics_port >= 0:
@@ -215,7 +213,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 
 def _twin(p: argparse.ArgumentParser) -> None:
-    from learner.daemon import DaemonConfig
+    from learner.daemon_config import DaemonConfig
 
     p.add_argument("version", help="a published version retrained from SFT (dagger, self_imitation, or anchored RL "
                    "after one)")  # fmt: skip
@@ -227,7 +225,7 @@ def _twin(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_twin(args: argparse.Namespace) -> int:
-    from learner.daemon import DaemonConfig
+    from learner.daemon_config import DaemonConfig
     from learner.twin import train_twin
 
     summary = train_twin(get_settings(), config_from(args, DaemonConfig), args.version)
@@ -362,9 +360,9 @@ def cmd_canary(args: argparse.Namespace) -> int:
 
 
 def _demo(p: argparse.ArgumentParser) -> None:
-    from flywheel.run.demo import DemoConfig
+    from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig
 
-    add_config_arguments(p, DemoConfig, parse=TASKS)
+    add_config_arguments(p, DemoConfig, parse={"fleet.tasks": parse_tasks}, exclude=NOT_DEMO_FLAGS)
     p.set_defaults(func=cmd_demo)
 
 
@@ -377,9 +375,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _chaos(p: argparse.ArgumentParser) -> None:
-    from flywheel.chaos.run import ChaosConfig
+    from flywheel.chaos.run import NOT_CHAOS_FLAGS, ChaosConfig
 
-    add_config_arguments(p, ChaosConfig, parse=TASKS)
+    add_config_arguments(p, ChaosConfig, parse={"run.fleet.tasks": parse_tasks}, exclude=NOT_CHAOS_FLAGS)
     p.set_defaults(func=cmd_chaos)
 
 

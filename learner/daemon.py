@@ -32,7 +32,6 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import polars as pl
 from deltalake.exceptions import TableNotFoundError
@@ -43,8 +42,8 @@ from lake.pins import pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
 from learner import metrics
 from learner.config import VLARecipe, VLATrainConfig
+from learner.daemon_config import DaemonConfig
 from learner.data import load_rollouts, load_samples, table_versions
-from learner.online_rl import Guidance
 from learner.publish import publish_artifact
 from learner.stages import StageData, StageRun, run_stage, with_extra
 from learner.teacher_labels import load_teacher_labels, load_verified_successes
@@ -52,50 +51,6 @@ from learner.training_run import VLAResult
 from learner.vla_export import export_bundle
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    recipe: str = "demo"
-    """VLA recipe of the SFT stage: 'demo', 'release' (configs/vla_<name>.json) or a path."""
-    sft_steps: int = 0
-    """Optimizer steps of the SFT stage (0: the recipe's)."""
-    min_demos: int = 20
-    """Successful demonstration episodes in the tables before the first (SFT) version is trained."""
-    every_episodes: int = 64
-    """Publish after this many new model episodes in the tables ..."""
-    every_minutes: float = 5.0
-    """... or after this long, once at least min_new_episodes arrived."""
-    min_new_episodes: int = 16
-    """Fewer fresh episodes than this: no RL update (too few groups to rank)."""
-    poll_s: float = 5.0
-    """How often the tables are looked at."""
-    offline_steps: int = 100
-    """Optimizer steps of the offline RL stage."""
-    rl_lr: float = 3e-4
-    """Learning rate of the offline RL stage."""
-    online_lr: float = 3e-5
-    """Learning rate of the online RL updates: a few noisy steps each, where Adam moves every weight by about the
-    learning rate a step (docs/curriculum.md, "the online learning rate")."""
-    guidance: Guidance = "refkl"
-    """Online RL's offline guidance: 'none', 'refkl' or 'databc'."""
-    replay_versions: int = 2
-    """An online update trains on the rollouts produced since the publish this many versions ago (1: only the
-    fresh ones); decoupled PPO weights the older versions' tokens by pi_old / mu."""
-    curriculum: Literal["supervised", "rl"] = "supervised"
-    """After SFT: 'supervised' (retrain from SFT on demonstrations + teacher labels, or + verified successes when
-    there is no label; optionally refined by anchored RL) or 'rl' (offline RL, then online PPO with guidance)."""
-    retrain_steps: int = 300
-    """supervised: optimizer steps of each retrain from the SFT model (at rl_lr)."""
-    rl_updates_per_retrain: int = 0
-    """supervised: anchored PPO updates (online_rl:anchor, at online_lr) on fresh rollouts after each retrain."""
-    self_imitation_top_k: int = 5
-    """supervised, no teacher label: a success counts when it was drawn greedily or among this many likeliest
-    tokens (the fleet's --top-k; never a draw over every token)."""
-    max_versions: int = 0
-    """Stop after publishing this many versions (0: run until stopped)."""
-    stop_after_s: float = 0.0
-    """Stop after this many seconds (0: run until stopped)."""
 
 
 @dataclass

@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import polars as pl
@@ -48,6 +47,7 @@ import torch
 from learner import distributed
 from learner.checkpoints import load_vla
 from learner.config import VLATrainConfig
+from learner.daemon_config import Guidance
 from learner.dataset import VLADataset
 from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.rl_losses import (
@@ -63,8 +63,6 @@ from learner.teacher_labels import teacher_agreement
 from learner.training_run import VLAResult, open_run
 from learner.vla import IGNORE, target_patch_nll
 from policy.pruning import keep_count
-
-Guidance = Literal["none", "refkl", "databc", "anchor"]
 
 
 @dataclass(frozen=True)

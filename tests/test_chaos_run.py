@@ -5,11 +5,12 @@ then the ledger: nothing lost, nothing duplicated, every dead letter an injected
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from flywheel.chaos.run import ChaosConfig, run_chaos
+from flywheel.chaos.run import ChaosConfig, chaos_run, run_chaos
 from tests.conftest import isolated_broker_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.browser]
@@ -18,8 +19,10 @@ pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path: Path) -> None:
     settings = isolated_broker_settings(tmp_path / "home", "chaos")
     faults = "kill_worker,cut_client,bad_events,kill_browser"
-    config = ChaosConfig(minutes=4, out=tmp_path / "chaos", seed=3, repeats=1, cut_s=25, warmup_s=40, recover_s=30,
-                         faults=faults, tasks=("click-test", "click-button"))  # fmt: skip
+    run = chaos_run()
+    fleet = replace(run.fleet, tasks=("click-test", "click-button"))
+    run = replace(run, minutes=4, out=tmp_path / "chaos", fleet=fleet)
+    config = ChaosConfig(run, seed=3, strikes=1, cut_s=25, warmup_s=40, recover_s=30, faults=faults)
     report = run_chaos(config, settings)
     ledger = report["ledger"]
     assert ledger["steps"]["owed"] > 100 and ledger["steps"]["missing"] == ledger["steps"]["duplicated"] == 0, ledger
@@ -29,4 +32,4 @@ def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path:
     assert sorted(f["fault"] for f in report["faults"]) == ["bad_events", "cut_client", "kill_browser", "kill_worker"]
     assert report["all_recovered"], report["faults"]
     assert report["fleet"]["longest_idle_s"] <= config.cut_s
-    assert (config.out / "chaos.png").stat().st_size > 0
+    assert (config.run.out / "chaos.png").stat().st_size > 0

@@ -10,13 +10,22 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import pytest
 
-from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_from, config_values, field_docs
+from core.cli_config import (
+    DefaultsHelpFormatter,
+    add_config_arguments,
+    config_argv,
+    config_fields,
+    config_from,
+    config_values,
+    field_docs,
+)
 from core.settings import TIER1_TASKS, parse_tasks
 
 
@@ -102,6 +111,51 @@ def test_rename_parse_and_unset():
     assert values == {**dict.fromkeys(values), "count": 2, "flag": False}
 
 
+def test_config_argv_is_the_parsers_inverse():
+    """Every kind of field, defaults or not, written as flags and parsed back: the same config."""
+    for config in (Sample("n"), Sample("-n", 5, 0.25, False, (), (0.25, 1.0), "slow", Path("-p"), None)):
+        assert config_from(sample_parser().parse_args(config_argv(config, exclude={"extra"})), Sample) == config
+    renamed = sample_parser(rename={"count": ("--n", "--count")})
+    argv = config_argv(Sample("n", 7), exclude={"extra"}, rename={"count": ("--n", "--count")})
+    assert "--n=7" in argv and config_from(renamed.parse_args(argv), Sample) == Sample("n", 7)
+    with pytest.raises(ValueError, match="comma"):
+        config_argv(Sample("n", tags=("a,b",)), exclude={"extra"})
+
+
+@dataclass(frozen=True)
+class Inner:
+    count: int = 3
+    """How many inside."""
+    mode: Literal["fast", "slow"] = "fast"
+    """How inside."""
+
+
+@dataclass(frozen=True)
+class Outer:
+    label: str = "x"
+    """A label."""
+    inner: Inner = field(default_factory=lambda: Inner(count=5))
+    """The inner part, with a count of its own."""
+
+
+def test_a_nested_config_is_one_tree_of_flags():
+    """A node's fields are flags under their own names, defaulting to the parent's value, and parse back into the
+    node (its fields that are no flags keep the parent's value); the inverse writes them all."""
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    add_config_arguments(parser, Outer, exclude={"inner.mode"})
+    assert parser.parse_args([]).__dict__ == {"Outer.label": "x", "Outer.inner.count": 5}
+    assert config_from(parser.parse_args(["--count", "7"]), Outer) == Outer(inner=Inner(count=7))
+    assert config_from(parser.parse_args([]), Outer) == Outer()
+    assert "The inner part" in parser.format_help() and "How many inside. (default: 5)" in parser.format_help()
+    assert [f.path for f in config_fields(Outer)] == ["label", "inner.count", "inner.mode"]
+    full = argparse.ArgumentParser()
+    add_config_arguments(full, Outer)
+    config = Outer("y", Inner(2, "slow"))
+    assert config_from(full.parse_args(config_argv(config)), Outer) == config
+    with pytest.raises(ValueError, match="inner.nope"):
+        add_config_arguments(argparse.ArgumentParser(), Outer, exclude={"inner.nope"})
+
+
 def test_unsupported_fields_and_unknown_names_are_refused():
     with pytest.raises(TypeError, match="Sample.extra"):
         add_config_arguments(argparse.ArgumentParser(), Sample)
@@ -111,15 +165,21 @@ def test_unsupported_fields_and_unknown_names_are_refused():
 
 # --- the flywheel commands ---------------------------------------------------------------------------------------
 
-# Fields that are deliberately no flag: the recipe comes from --recipe; cmd_sft fixes the metrics' cadence.
-NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}, "EdgeConfig": {"teacher"}}  # teacher: its own
+# Fields that are deliberately no flag: the recipe comes from --recipe; cmd_sft fixes the metrics' cadence. (A node of
+# a nested config, e.g. EdgeConfig.teacher, is no flag either: its fields are.)
+NOT_FLAGS = {"LearnConfig": {"recipe"}, "VLATrainConfig": {"log_every"}}
 UNSET = {"VLATrainConfig"}  # overrides of the recipe's values
 # Flags that tests, scripts (flywheel.run.fleet, flywheel.run.demo) and the README use.
 FLAGS_IN_USE = {
     "edge": "--client-id --tasks --episodes --policy --max-steps --seed --summary --wait-for-model --stop-after-s "
     "--metrics-port --repeats --seeds-per-visit --teacher-budget --teacher-per-hour",
     "demo": "--turns --clients --tasks --episodes-per-task --sft-steps --finetune-steps --out --no-prometheus "
-    "--prometheus-port",
+    "--prometheus-port --minutes --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
+    "--repeats --temperature --greedy-episodes --retrain-steps --rl-updates-per-retrain --machines --workers "
+    "--teacher-budget --teacher-per-hour --top-k --seeds-per-visit --curriculum --guidance --no-twin",
+    "chaos": "--minutes --out --seed --faults --strikes --clients --cut-s --warmup-s --recover-s --recover-timeout-s "
+    "--tasks --sft-steps",
+    "process": "--metrics-port --loglevel --no-restart",
     "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path --baseline",
     "learner": "--recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
     "--guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
@@ -172,38 +232,42 @@ def config_classes() -> dict[str, type]:
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
     from learner.config import LearnConfig, VLATrainConfig
-    from learner.daemon import DaemonConfig
+    from learner.daemon_config import DaemonConfig
     from processors.maintenance import MaintenanceConfig
+    from processors.worker_config import WorkerConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
                CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
-               ChaosConfig, SpoolReplayConfig, DiagnoseConfig)  # fmt: skip
+               ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
 def test_every_config_flag_has_the_dataclass_default_and_docstring(commands, config_classes):
+    """Each flag has its field's docstring and the default of its config's tree: the field's own, or, in a node of a
+    nested config, the value the parent's default gives it (e.g. `flywheel demo --min-demos`: the demo's learner's)."""
     flagged: dict[str, set[str]] = {}
     for command, parser in commands.items():
         for action in parser._actions:
             if "." not in action.dest:
                 continue
-            class_name, name = action.dest.split(".")
-            cls = config_classes[class_name]
-            flagged.setdefault(class_name, set()).add(name)
-            f = cls.__dataclass_fields__[name]
-            doc = field_docs(cls).get(name)
-            assert doc, f"{command} {action.option_strings[0]}: {class_name}.{name} has no docstring"
+            class_name, path = action.dest.split(".", 1)
+            f = {f.path: f for f in config_fields(config_classes[class_name])}[path]
+            owner = f.owner.__name__
+            assert owner in config_classes, f"{command}: {owner} is not registered here"
+            flagged.setdefault(owner, set()).add(f.name)
+            doc = field_docs(f.owner).get(f.name)
+            assert doc, f"{command} {action.option_strings[0]}: {owner}.{f.name} has no docstring"
             assert action.help == doc.replace("%", "%%"), f"{command} {action.option_strings[0]}"
             if class_name in UNSET:
                 assert action.default is None and not action.required
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            elif f.default is dataclasses.MISSING:
                 assert action.required, f"{command} {action.option_strings[0]}"
             else:
-                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                assert action.default == default, f"{command} {action.option_strings[0]}"
+                assert action.default == f.default, f"{command} {action.option_strings[0]}"
     for class_name, cls in config_classes.items():
-        fields = {f.name for f in dataclasses.fields(cls)} - NOT_FLAGS.get(class_name, set())
+        nodes = {name for name, hint in typing.get_type_hints(cls).items() if dataclasses.is_dataclass(hint)}
+        fields = {f.name for f in dataclasses.fields(cls)} - NOT_FLAGS.get(class_name, set()) - nodes
         assert flagged.get(class_name) == fields, f"{class_name}: fields without a flag"
 
 
@@ -223,8 +287,13 @@ def test_command_lines_parse_into_their_configs(commands, config_classes):
     assert config_from(args, c["EdgeConfig"]) == c["EdgeConfig"](
         "c0", (*TIER1_TASKS, "enter-text"), 3, "model", summary_path=Path("s.json"), metrics_port=None
     )
-    demo = config_from(parser.parse_args(["demo", "--no-prometheus", "--tasks", "click-test"]), c["DemoConfig"])
-    assert demo == c["DemoConfig"](prometheus=False, tasks=("click-test",))
+    demo = config_from(parser.parse_args(["demo", "--no-prometheus", "--tasks", "click-test", "--min-demos", "7",
+                                          "--teacher-budget", "0"]), c["DemoConfig"])  # fmt: skip
+    default, no_teacher = c["DemoConfig"](), c["TeacherConfig"]()
+    assert demo == replace(default, prometheus=False, learner=replace(default.learner, min_demos=7),
+                           fleet=replace(default.fleet, tasks=("click-test",), teacher=no_teacher))  # fmt: skip
+    edge = parser.parse_args(["edge", "--client-id", "c0", "--teacher-budget", "3", "--no-bootstrap-expert"])
+    assert config_from(edge, c["EdgeConfig"]) == c["EdgeConfig"]("c0", teacher=c["TeacherConfig"](teacher_budget=3))
     bench = config_from(parser.parse_args(["bench", "edge", "--rounds", "1"]), c["EdgeBenchConfig"])
     assert bench == c["EdgeBenchConfig"](rounds=1)
     replay = parser.parse_args(["spool", "replay", "--client-id", "c0", "--home", "/srv/c0-home"])

@@ -39,7 +39,8 @@ from flywheel.chaos.ledger import (
 from flywheel.chaos.proxy import Proxy
 from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
 from flywheel.ops.dlq import read_dead_letters
-from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args
+from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig, fleet_client, learner_args, worker_args
+from flywheel.run.fleet import edge_args
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import scan_table, step_count
 from lake.tables import STEPS
@@ -53,20 +54,27 @@ from streams.topics import topics_for
 PREFIX = "f-"  # the fleet's client ids start with it
 
 
+def chaos_run() -> DemoConfig:
+    """The continuous run chaos strikes: 30 minutes on six Tier 1 tasks, and a learner that publishes early and often
+    (a first SFT of 300 steps once 48 demonstrations are in, then a version every 2 minutes at most), so that versions
+    keep coming between strikes."""
+    demo = DemoConfig()
+    return replace(demo, minutes=30.0, out=Path("runs/chaos"), fleet=replace(demo.fleet, tasks=TIER1_TASKS[:6]),
+                   learner=replace(demo.learner, sft_steps=300, min_demos=48, every_minutes=2.0))  # fmt: skip
+
+
 @dataclass
 class ChaosConfig:
-    minutes: float = 30.0
-    """Length of the run (the clients stop acting then; the drain and the ledger check follow)."""
-    out: Path = Path("runs/chaos")
-    """Where chaos.json, chaos.png and the logs go."""
+    run: DemoConfig = field(default_factory=chaos_run)
+    """The continuous run under fire (flywheel.run.config): its length (the clients stop acting then; the drain and
+    the ledger check follow), its clients (each behind its own proxy), where chaos.json, chaos.png and the logs go,
+    the fleet and the learner daemon."""
     seed: int = 0
     """Seeds the schedule: the same seed strikes the same faults at the same moments."""
     faults: str = ",".join(FAULTS)
     """Comma-separated faults to strike (flywheel.chaos.schedule.FAULTS)."""
-    repeats: int = 2
+    strikes: int = 2
     """Strikes of each fault."""
-    clients: int = 2
-    """Edge clients, each behind its own proxy."""
     cut_s: float = 60.0
     """How long a cut client is cut off from every broker node."""
     warmup_s: float = 240.0
@@ -75,10 +83,16 @@ class ChaosConfig:
     """The schedule leaves at least this between a strike and the next (its slot's end)."""
     recover_timeout_s: float = 600.0
     """A strike not recovered within this counts as not recovered."""
-    tasks: tuple[str, ...] = TIER1_TASKS[:6]
-    """Tasks the fleet runs."""
-    sft_steps: int = 300
-    """SFT steps of the learner's first version."""
+
+
+# Settings of the run that are no flags of `flywheel chaos`: what it does not run (turns, the end's evaluation and
+# twin, Prometheus, machines, CPU pinning), what it sets itself (two supervised workers, whose faust processes it
+# kills), and what `flywheel demo` does not take either.
+NOT_CHAOS_FLAGS = (
+    "run.turns", "run.finetune_steps", "run.drain_timeout_s", "run.prometheus", "run.prometheus_port",
+    "run.greedy_episodes", "run.twin", "run.workers", "run.machines", "run.learner_cpu_share", "run.worker",
+    "run.fleet.episodes_per_task", "run.fleet.repeats", *(f"run.{path}" for path in NOT_DEMO_FLAGS),
+)  # fmt: skip
 
 
 @dataclass
@@ -120,7 +134,7 @@ class ChaosRun:
         return round(time.monotonic() - self.started, 1)
 
     def ledger(self, k: int) -> Path:
-        return self.config.out / "ledgers" / f"client{k}.txt"
+        return self.config.run.out / "ledgers" / f"client{k}.txt"
 
     def owed(self, k: int) -> int:
         path = self.ledger(k)
@@ -138,24 +152,26 @@ class ChaosRun:
 
 
 def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
-    config = replace(config, out=config.out.resolve())
-    config.out.mkdir(parents=True, exist_ok=True)
-    (config.out / "ledgers").mkdir(exist_ok=True)
+    config = replace(config, run=replace(config.run, out=config.run.out.resolve()))
+    config.run.out.mkdir(parents=True, exist_ok=True)
+    (config.run.out / "ledgers").mkdir(exist_ok=True)
     faults = tuple(f for f in config.faults.split(",") if f)
     schedule = make_schedule(
-        config.minutes, config.seed, config.repeats, faults, warmup_s=config.warmup_s, recover_s=config.recover_s
+        config.run.minutes, config.seed, config.strikes, faults, warmup_s=config.warmup_s, recover_s=config.recover_s
     )
-    home = config.out / "home"
-    nodes, listeners = 3, config.clients
+    home = config.run.out / "home"
+    nodes, listeners = 3, config.run.clients
     run_settings = settings.model_copy(update={
         "home": home, "bootstrap_servers": "", "kafka_nodes": nodes, "kafka_edge_listeners": listeners,
         "kafka_port": free_ports(2 * nodes * (1 + listeners)),
     })  # fmt: skip
     share_jars(run_settings, settings)  # the jars of the caller's home, fetched there once
-    say(f"chaos: {len(schedule)} strikes over {config.minutes} min (seed {config.seed}): "
+    say(f"chaos: {len(schedule)} strikes over {config.run.minutes} min (seed {config.seed}): "
         + ", ".join(f"{s.fault}@{s.at_s:.0f}s" for s in schedule))  # fmt: skip
-    with local_stack(run_settings, config.out / "logs", run="chaos", data_dir=config.out / "data") as stack:
-        stack.start_worker()
+    workers = worker_args(config.run.worker)
+    with local_stack(run_settings, config.run.out / "logs", run="chaos", data_dir=config.run.out / "data",
+                     worker_args=workers) as stack:  # fmt: skip
+        stack.start_worker(*workers)
         run = ChaosRun(config, stack, time.monotonic(), rng=random.Random(config.seed))
         try:
             start_fleet(run)
@@ -170,46 +186,39 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
                 for proxy in proxies:
                     proxy.close()
         report = check(run)
-    (config.out / "chaos.json").write_text(json.dumps(report, indent=2))
-    plot_timeline(config.out / "chaos.png", report)
+    (config.run.out / "chaos.json").write_text(json.dumps(report, indent=2))
+    plot_timeline(config.run.out / "chaos.png", report)
     say(f"chaos: ledger {'ok' if report['ledger_ok'] else 'FAILED'}; every fault recovered: "
         f"{report['all_recovered']}; the learner continued after each kill: {report['learner_continued']}; "
         f"longest fleet idle {report['fleet']['longest_idle_s']} s; "
-        f"versions {report['ledger']['versions']['published']}; {config.out / 'chaos.json'}")  # fmt: skip
+        f"versions {report['ledger']['versions']['published']}; {config.run.out / 'chaos.json'}")  # fmt: skip
     return report
-
-
-def demo_config(config: ChaosConfig) -> DemoConfig:
-    return DemoConfig(minutes=config.minutes, clients=config.clients, tasks=config.tasks, sft_steps=config.sft_steps,
-                      min_demos=48, every_minutes=2.0)  # fmt: skip
 
 
 def start_fleet(run: ChaosRun) -> None:
     settings = run.settings
-    for k in range(run.config.clients):
+    for k in range(run.config.run.clients):
         run.proxies.append([Proxy(p + 1, p).start() for p in (settings.kafka_edge_port(n, k)
                                                                for n in settings.kafka_node_ids)])  # fmt: skip
         run.incarnations.append(0)
         run.clients.append(start_client(run, k))
-    run.learners.append(run.stack.start("learner", learner_args(demo_config(run.config)), role="learner"))
+    run.learners.append(run.stack.start("learner", learner_args(run.config.run), role="learner"))
 
 
 def start_client(run: ChaosRun, k: int) -> Child:
     """Client k (a new incarnation after a restart: new client id, so its episode ids are its own), connected
     through its proxies only."""
-    n, remaining_s = run.incarnations[k], max(10.0, 60 * run.config.minutes - (time.monotonic() - run.started))
+    n, remaining_s = run.incarnations[k], max(10.0, 60 * run.config.run.minutes - (time.monotonic() - run.started))
     client_id = f"{PREFIX}c{k}" + (f"r{n}" if n else "")
-    return run.stack.start(f"client{k}-{n}", [
-        "edge", "--client-id", client_id, "--tasks", ",".join(run.config.tasks), "--episodes", "1000000",
-        "--policy", "model", "--max-steps", "10", "--seed", str(1000 * k + 100_000 * n),
-        "--summary", str(run.config.out / f"client{k}-{n}.json"), "--ledger-path", str(run.ledger(k)),
-        *fleet_edge_args(demo_config(run.config), remaining_s),
-    ], env={"FLYWHEEL_BOOTSTRAP_SERVERS": run.settings.edge_bootstrap(k)}, role="edge")  # fmt: skip
+    client = replace(fleet_client(run.config.run, remaining_s), client_id=client_id, seed=1000 * k + 100_000 * n,
+                     summary_path=run.config.run.out / f"client{k}-{n}.json", ledger_path=run.ledger(k))  # fmt: skip
+    return run.stack.start(f"client{k}-{n}", edge_args(client),
+                           env={"FLYWHEEL_BOOTSTRAP_SERVERS": run.settings.edge_bootstrap(k)}, role="edge")  # fmt: skip
 
 
 def drive(run: ChaosRun, schedule: list[Strike]) -> None:
     """Strike on schedule; watch each strike until it recovers; undo timed faults (a cut) when due."""
-    pending, end = list(schedule), run.started + 60 * run.config.minutes
+    pending, end = list(schedule), run.started + 60 * run.config.run.minutes
     last_check = 0.0
     # After the fleet stops, strikes still recovering are watched on (each up to recover_timeout_s), and the learner
     # is given as long again to publish after its last kill.
@@ -296,7 +305,7 @@ def kill_learner(run: ChaosRun, record: Record) -> Callable[[], bool]:
     run.learner_kills.append({"at": killed_at, "at_s": record.at_s, "in_progress": stage.get("stage", ""),
                               "checkpointed": checkpointed})  # fmt: skip
     published = len(state["versions"])
-    run.learners.append(run.stack.start(f"learner-{len(run.learners)}", learner_args(demo_config(run.config)),
+    run.learners.append(run.stack.start(f"learner-{len(run.learners)}", learner_args(run.config.run),
                                         role="learner"))  # fmt: skip
     record.detail = f"after {published} versions" + (f", mid-{stage['stage']}" if stage else ", between stages")
     return lambda: newest_checkpoint_at(run) > killed_at or run.versions() > published
@@ -310,7 +319,7 @@ def newest_checkpoint_at(run: ChaosRun) -> float:
 
 def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """Cut one client off from every node for cut_s; it spools, and replays when the proxies are back."""
-    k = run.rng.randrange(run.config.clients)
+    k = run.rng.randrange(run.config.run.clients)
     restored: list[int] = []
 
     def restore() -> None:
@@ -327,7 +336,7 @@ def cut_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
 
 def kill_browser(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """SIGKILL the chromium under one client: its env starts a new browser at the next episode."""
-    k = run.rng.randrange(run.config.clients)
+    k = run.rng.randrange(run.config.run.clients)
     browsers = browser_pids(run.clients[k].proc.pid)
     if not browsers:
         raise RuntimeError(f"no chromium runs under client {k}")
@@ -346,7 +355,7 @@ def corrupt_artifact(run: ChaosRun, record: Record) -> Callable[[], bool]:
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0xFF
     files.write(uri, bytes(bad))
-    k = run.rng.randrange(run.config.clients)
+    k = run.rng.randrange(run.config.run.clients)
     run.clients[k].stop(leader_only=True)  # it ends its episode and drains its spool, as a restarted client does
     run.incarnations[k] += 1
     run.clients[k] = start_client(run, k)
@@ -383,7 +392,7 @@ STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
 
 def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
     """Wait until every step the clients owe is in Delta (or the timeout: the ledger then says what is missing)."""
-    owed = sum(run.owed(k) for k in range(run.config.clients))
+    owed = sum(run.owed(k) for k in range(run.config.run.clients))
     try:
         wait_until(lambda: run.landed() >= owed, timeout_s, interval=5, what=f"{owed} owed steps in Delta")
         time.sleep(15)  # the episodes of the last steps, scored and sunk
@@ -393,7 +402,7 @@ def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
 
 def check(run: ChaosRun) -> dict:
     settings = run.settings
-    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.clients))
+    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.run.clients))
     letters = [letter.value for letter in read_dead_letters(settings)]
     versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
     ledger = {"steps": check_steps(settings.tables_dir, owed), "episodes": check_episodes(settings.tables_dir, owed),

@@ -1,12 +1,50 @@
-"""The demo's configuration (`flywheel demo`, flywheel.run.demo) and the flags its continuous run gives the learner
-daemon and the fleet, which `flywheel chaos` gives them too."""
+"""One run, one config: `flywheel demo`'s settings (flywheel.run.demo) as one tree, and the command lines of the
+processes it starts, derived from that tree (core.cli_config.config_argv, the inverse of the parser), never copied
+by hand. `flywheel chaos` runs the same tree (flywheel.chaos.run.ChaosConfig.run).
+
+    DemoConfig                       the run: its length, clients, output, what it measures at the end
+      fleet: EdgeConfig              every edge client (edge_client.runner), `flywheel edge`'s settings
+        teacher: TeacherConfig       the teacher each client may ask (edge_client.teacher)
+      learner: DaemonConfig          the learner daemon (learner.daemon_config), `flywheel learner`'s settings
+      worker: WorkerConfig           each faust worker (processors.worker_config), `flywheel process`'s settings
+
+Each setting is declared once, in the class of the part that reads it, with that part's own default; where the
+main job runs a part otherwise, the tree's default below says so, with the reason. `flywheel demo --help` shows the
+tree's values; tests/test_run_config.py fails when a setting is declared twice with different defaults.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from core.settings import TIER1_TASKS
+from core.cli_config import config_argv
+from edge_client.runner import EdgeConfig
+from edge_client.teacher import TeacherConfig
+from learner.daemon_config import DaemonConfig
+from processors.worker_config import WorkerConfig
+
+
+def demo_fleet() -> EdgeConfig:
+    """The fleet's clients as the main job runs them."""
+    return EdgeConfig(
+        client_id="",  # each client's own, and its seed, summary and stop time, are set when it starts
+        episodes_per_task=12,  # turns: per client and turn (continuous: until the run's end)
+        temperature=0.7,  # continuous: the fleet samples (turns: greedy)
+        top_k=5,
+        # Rollouts per (task, seed): the online RL's groups want 8 (--rl-updates-per-retrain); for the teacher fewer
+        # buy more distinct states (2 rollouts: +11.3 points greedy, 8: +7.2; docs/teacher.md).
+        repeats=2,
+        seeds_per_visit=4,  # a task switch costs ~0.7 s here
+        # 2 labels an episode (0: no teacher; the learner then retrains on the fleet's verified successes).
+        teacher=TeacherConfig(teacher_budget=2),
+    )
+
+
+def demo_learner() -> DaemonConfig:
+    """The learner daemon as the main job runs it: the demo recipe, a first SFT of 800 steps once 96 demonstrations
+    are in (the experts' first minutes), a version every 64 fresh episodes or 3 minutes, the tables polled often."""
+    return DaemonConfig(sft_steps=800, min_demos=96, every_minutes=3.0, poll_s=2.0)
 
 
 @dataclass
@@ -17,14 +55,8 @@ class DemoConfig:
     """Edge clients (one browser each) per turn."""
     out: Path = Path("runs/demo")
     """Where report.json and the logs go."""
-    tasks: tuple[str, ...] = TIER1_TASKS
-    """Tasks the fleet cycles through."""
-    episodes_per_task: int = 12
-    """Episodes per task, per client and turn."""
-    sft_steps: int = 800
-    """SFT steps of the first model."""
     finetune_steps: int = 300
-    """SFT steps of each later model (warm-started from the previous one)."""
+    """Turns: SFT steps of each later model (warm-started from the previous one; the first has sft_steps)."""
     drain_timeout_s: float = 300.0
     """How long the pipeline may take to land a turn's steps in Delta after the clients finish."""
     prometheus: bool = True
@@ -32,18 +64,8 @@ class DemoConfig:
     prometheus_port: int = 0
     """Its port on 127.0.0.1 (0: a free one)."""
     minutes: float = 0.0
-    """Run continuously for this long instead of in turns: the fleet explores, the learner daemon walks
-    SFT -> offline RL -> online RL and publishes versions as it goes (sft_steps is its SFT stage)."""
-    temperature: float = 0.7
-    """Continuous: the fleet's sampling temperature."""
-    top_k: int = 5
-    """Continuous: the fleet samples among the k likeliest allowed tokens."""
-    repeats: int = 2
-    """Continuous: sampled rollouts per (task, seed): the online RL's groups (8 with --rl-updates-per-retrain);
-    for the teacher, fewer repeats buy more distinct states (2 rollouts: +11.3 points greedy, 8: +7.2;
-    docs/teacher.md)."""
-    seeds_per_visit: int = 4
-    """Continuous: seeds of a task each client runs before switching task (a switch costs ~0.7 s here)."""
+    """Run continuously for this long instead of in turns: the fleet explores, the learner daemon trains and
+    publishes versions as it goes."""
     greedy_episodes: int = 50
     """Continuous: at the end, the first and the last published versions run greedily on this many held-out
     seeds per task, paired (report.json "greedy"; 0: not)."""
@@ -52,30 +74,6 @@ class DemoConfig:
     model with the same steps and lr on the demonstrations alone (`flywheel twin`), greedy on the same seeds and
     paired with it (report.json "twin", "last_vs_twin": what the fleet's labels or successes bought beyond the
     demonstrations that landed after the first SFT; issue 44). Costs one retrain and one evaluation more."""
-    min_demos: int = 96
-    """Continuous: successful expert episodes before the first (SFT) version is trained."""
-    every_episodes: int = 64
-    """Continuous: a new version after this many fresh model episodes ..."""
-    every_minutes: float = 3.0
-    """... or this long, once min_new_episodes arrived."""
-    min_new_episodes: int = 16
-    """Continuous: fewer fresh model episodes than this, no RL update."""
-    offline_steps: int = 100
-    """Continuous: optimizer steps of the offline RL stage."""
-    guidance: str = "refkl"
-    """Continuous, curriculum 'rl': online RL's offline guidance, 'none', 'refkl' or 'databc'."""
-    teacher_budget: int = 2
-    """Continuous: teacher labels per episode each client may ask for on its model's steps (edge_client.teacher;
-    0: no teacher, the learner then retrains on the fleet's verified successes)."""
-    teacher_per_hour: float = 0.0
-    """Continuous: each client's teacher labels in any sliding hour at most (0: no hourly bound)."""
-    curriculum: str = "supervised"
-    """Continuous: the learner's curriculum after SFT, 'supervised' (retrain from SFT on demonstrations + teacher
-    labels or verified successes) or 'rl' (offline RL, then online PPO; learner.daemon)."""
-    retrain_steps: int = 300
-    """Continuous, supervised: optimizer steps of each retrain from the SFT model."""
-    rl_updates_per_retrain: int = 0
-    """Continuous, supervised: anchored PPO updates after each retrain (0: none)."""
     workers: int = 1
     """Faust workers, one consumer group: each takes a share of the topics' partitions."""
     machines: bool = False
@@ -86,29 +84,45 @@ class DemoConfig:
     """Continuous: share of this machine's CPUs the learner gets to itself (the fleet, its browsers and the
     worker share the rest; 0: no pinning). Unpinned on 2 cores, 400 SFT steps took 23 min beside the fleet
     (chromium raises its own threads' priority, so niceness does not help)."""
+    fleet: EdgeConfig = field(default_factory=demo_fleet)
+    """The fleet: every edge client's settings. Continuous: the experts until a first version, then the newest
+    version, sampling; turns: the experts, then each version greedily, without a teacher."""
+    learner: DaemonConfig = field(default_factory=demo_learner)
+    """Continuous: the learner daemon (its sft_steps is also the first turn's SFT)."""
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Each faust worker."""
+
+
+# Settings of the tree that are no flags of `flywheel demo`: each client's and process's own, set when it starts, and
+# the learner's self-imitation top-k, which is the fleet's top-k (a success counts when drawn as the fleet draws).
+NOT_DEMO_FLAGS = (
+    "fleet.client_id", "fleet.seed", "fleet.policy", "fleet.bootstrap_expert", "fleet.channel", "fleet.summary_path",
+    "fleet.stop_after_s", "fleet.ledger_path", "fleet.metrics_port", "fleet.wait_for_model_s", "fleet.spool_timeout_s",
+    "learner.self_imitation_top_k", "learner.max_versions", "learner.stop_after_s", "worker.metrics_port",
+)  # fmt: skip
+
+
+def learner_config(config: DemoConfig) -> DaemonConfig:
+    """The learner daemon of a continuous run: the tree's, self-imitating at the fleet's top-k."""
+    return replace(config.learner, self_imitation_top_k=config.fleet.top_k)
 
 
 def learner_args(config: DemoConfig) -> list[str]:
     """`flywheel learner ...`: the daemon of a continuous run."""
-    return [
-        "learner", "--recipe", "demo", "--sft-steps", str(config.sft_steps), "--min-demos", str(config.min_demos),
-        "--every-episodes", str(config.every_episodes), "--every-minutes", str(config.every_minutes),
-        "--min-new-episodes", str(config.min_new_episodes), "--offline-steps", str(config.offline_steps),
-        "--guidance", config.guidance, "--poll-s", "2", "--curriculum", config.curriculum,
-        "--retrain-steps", str(config.retrain_steps), "--rl-updates-per-retrain", str(config.rl_updates_per_retrain),
-        "--self-imitation-top-k", str(config.top_k),
-    ]  # fmt: skip
+    return ["learner", *config_argv(learner_config(config))]
 
 
 def twin_args(config: DemoConfig, version: str, summary: Path) -> list[str]:
-    """`flywheel twin ...`: the no-fleet twin of `version`, trained with the flags the learner daemon ran with."""
-    return ["twin", version, "--summary", str(summary), *learner_args(config)[1:]]
+    """`flywheel twin ...`: the no-fleet twin of `version`, trained with the settings the learner daemon ran with."""
+    return ["twin", version, "--summary", str(summary), *config_argv(learner_config(config))]
 
 
-def fleet_edge_args(config: DemoConfig, run_s: float) -> tuple[str, ...]:
-    """The `flywheel edge` flags of a continuous run's fleet: experts until a first version, then sampling."""
-    return ("--bootstrap-expert", "--temperature", str(config.temperature), "--top-k", str(config.top_k),
-            "--repeats", str(config.repeats), "--seeds-per-visit", str(config.seeds_per_visit),
-            "--stop-after-s", str(run_s),
-            "--teacher-budget", str(config.teacher_budget),
-            "--teacher-per-hour", str(config.teacher_per_hour))  # fmt: skip
+def fleet_client(config: DemoConfig, run_s: float) -> EdgeConfig:
+    """A continuous run's client (its id, seed and files still to set): the experts until a first version, then the
+    newest version, sampling, for `run_s` seconds."""
+    return replace(config.fleet, policy="model", bootstrap_expert=True, episodes_per_task=1_000_000, stop_after_s=run_s)
+
+
+def worker_args(worker: WorkerConfig) -> list[str]:
+    """`flywheel process`'s flags after the command: each worker of a run."""
+    return config_argv(worker)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from core.console import jsonable, say
@@ -32,7 +32,7 @@ from core.processes import Child, pin_process
 from core.settings import Settings
 from flywheel.experiments.evaluation import compare_versions, greedy_success, paired_difference
 from flywheel.ops.observe import demo_observability
-from flywheel.run.config import DemoConfig, fleet_edge_args, learner_args, twin_args
+from flywheel.run.config import DemoConfig, fleet_client, learner_args, twin_args, worker_args
 from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
 from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.plots import write_plots
@@ -48,7 +48,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
     config = replace(config, out=config.out.resolve())  # children may run in working dirs of their own
     config.out.mkdir(parents=True, exist_ok=True)
     logs = config.out / "logs"
-    report: dict = {"turns": [], "config": jsonable(config.__dict__)}
+    report: dict = {"turns": [], "config": jsonable(asdict(config))}
     started = time.monotonic()
     with (
         demo_observability(config.out, config.prometheus, config.prometheus_port) as obs,
@@ -60,12 +60,13 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
             data_dir=config.out / "data",
             env=obs.env,
             machines=config.out / "machines" if config.machines else None,
+            worker_args=worker_args(config.worker),
         ) as stack,  # fmt: skip
     ):
         settings = stack.settings
         report["data_dir"] = str(settings.data_dir)
         for _ in range(config.workers - 1):
-            stack.start_worker()
+            stack.start_worker(*worker_args(config.worker))
         say(f"data under {settings.data_dir}, logs under {logs.resolve()}")
         say(f"kafka ready at {settings.bootstrap}")
         if obs.url:
@@ -108,15 +109,15 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         for worker in stack.workers:
             pin_process(worker.proc.pid, fleet_cpus)
         say(f"learner on CPUs {sorted(learner_cpus)}; fleet, browsers and worker on {sorted(fleet_cpus)}")
+    client = fleet_client(config, run_s)
     say(f"fleet: {config.clients} clients for {config.minutes} min (experts until the first version, then "
-        f"sampling at temperature {config.temperature}, top-k {config.top_k}, {config.repeats} rollouts per seed); "
+        f"sampling at temperature {client.temperature}, top-k {client.top_k}, {client.repeats} rollouts per seed); "
         f"learner side by side")  # fmt: skip
     fleet = run_fleet(
         FleetRun(
-            name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=config.tasks,
-            episodes_per_task=1_000_000, policy="model", seed=0, drain_timeout_s=config.drain_timeout_s,
-            edge_args=fleet_edge_args(config, run_s),
-            cpus=fleet_cpus,
+            name="fleet", prefix=FLEET_PREFIX, clients=config.clients, tasks=client.tasks,
+            episodes_per_task=client.episodes_per_task, policy=client.policy, seed=0, max_steps=client.max_steps,
+            drain_timeout_s=config.drain_timeout_s, edge=client, cpus=fleet_cpus,
         ),
         stack, config.out,
     )  # fmt: skip
@@ -134,7 +135,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         # the learner's working files are not this process's to read).
         first, last = ({**v, "bundle": str(resolve_model(v["model_version"], stack.settings.artifacts_dir)[0])}
                        for v in (published[0], published[-1]))  # fmt: skip
-        greedy = compare_versions(first, last, tuple(config.tasks), config.greedy_episodes, config.clients)
+        greedy = compare_versions(first, last, config.fleet.tasks, config.greedy_episodes, config.clients)
     twin, last_vs_twin = finish_twin(config, twin_run, greedy)
     return {
         "mode": "continuous",
@@ -188,7 +189,7 @@ def start_twin(config: DemoConfig, stack: LocalStack, published: list[dict], cpu
     if last["stage"] == "sft":  # nothing to retrain: the twin is the version itself
         why = "the last version is the first SFT, on the demonstrations alone: its twin is itself (last - twin 0)"
         return TwinRun(of, why_none={"same_as_last": True, "why": why})
-    if config.curriculum != "supervised":
+    if config.learner.curriculum != "supervised":
         why = "no retrain from SFT to repeat: the rl curriculum learns from the fleet's rollouts alone"
         return TwinRun(of, why_none={"why": why})
     say(f"twin: {of}'s retrain again, on the demonstrations alone")
@@ -209,7 +210,7 @@ def finish_twin(config: DemoConfig, run: TwinRun | None, greedy: dict | None) ->
     twin = json.loads((config.out / TWIN_SUMMARY).read_text())
     bundle = fetch_verified(twin["artifact_uri"], twin["sha256"])  # from the store, as the fleet's versions come
     say(f"greedy: the twin {twin['model_version']} on {config.greedy_episodes} held-out seeds per task")
-    ends = greedy_success({"model_version": twin["model_version"], "bundle": str(bundle)}, tuple(config.tasks),
+    ends = greedy_success({"model_version": twin["model_version"], "bundle": str(bundle)}, config.fleet.tasks,
                           config.greedy_episodes, config.clients)  # fmt: skip
     return twin | ends, paired_difference(greedy["last"], ends)
 
@@ -223,16 +224,17 @@ def per_point(labels: int, paired: dict | None) -> float | None:
 
 def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
     policy = "expert" if turn == 1 else "model"
-    say(f"turn {turn}: {config.clients} clients run the {policy} policy on {len(config.tasks)} tasks")
+    say(f"turn {turn}: {config.clients} clients run the {policy} policy on {len(config.fleet.tasks)} tasks")
     fleet = run_fleet(
         FleetRun(
             name=f"turn{turn}",
             prefix=f"t{turn}-",
             clients=config.clients,
-            tasks=config.tasks,
-            episodes_per_task=config.episodes_per_task,
+            tasks=config.fleet.tasks,
+            episodes_per_task=config.fleet.episodes_per_task,
             policy=policy,
             seed=turn * 10_000,
+            max_steps=config.fleet.max_steps,
             drain_timeout_s=config.drain_timeout_s,
         ),
         stack, config.out,
@@ -242,7 +244,7 @@ def run_turn(turn: int, config: DemoConfig, stack: LocalStack) -> dict:
         f"success {fleet.success_rate:.2f}"
     )
 
-    steps = config.sft_steps if turn == 1 else config.finetune_steps
+    steps = config.learner.sft_steps if turn == 1 else config.finetune_steps
     say(f"turn {turn}: learner trains by SFT for {steps} steps on everything so far")
     learn_started = time.monotonic()
     learner_summary = config.out / f"turn{turn}-learner.json"

@@ -9,13 +9,15 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from core.cli_config import config_argv
 from core.console import say
 from core.processes import Child, wait_until
 from core.settings import Settings
+from edge_client.runner import FLAG_NAMES, EdgeConfig
 from lake.queries import episode_stats, step_count
 
 
@@ -49,8 +51,8 @@ class FleetRun:
     seed_stride: int = 1_000
     max_steps: int = 10
     drain_timeout_s: float = 300.0
-    edge_args: tuple[str, ...] = ()
-    """More `flywheel edge` flags for every client (sampling, repeats, a time limit)."""
+    edge: EdgeConfig | None = None
+    """Every client's other settings (sampling, repeats, the teacher, a time limit); None: the edge's defaults."""
     cpus: set[int] | None = None
     """CPUs the clients and their browsers run on (None: any)."""
 
@@ -78,24 +80,9 @@ def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
     settings, worker = stack.settings, stack.worker
     summaries = [out / f"{run.name}-client{k}.json" for k in range(run.clients)]
     clients = [
-        stack.start(
-            f"{run.name}-client{k}",
-            [
-                "edge",
-                "--client-id", f"{run.prefix}c{k}",
-                "--tasks", ",".join(run.tasks),
-                "--episodes", str(run.episodes_per_task),
-                "--policy", run.policy,
-                "--max-steps", str(run.max_steps),
-                "--seed", str(run.seed + k * run.seed_stride),
-                "--summary", str(summaries[k]),
-                *run.edge_args,
-            ],
-            cpus=run.cpus,
-            role="edge",
-        )
+        stack.start(f"{run.name}-client{k}", edge_args(client_config(run, k, summaries[k])), cpus=run.cpus, role="edge")
         for k in range(run.clients)
-    ]  # fmt: skip
+    ]
     try:
         _watch_clients(clients, worker, settings, run.prefix)
     finally:
@@ -131,6 +118,18 @@ def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
         acting=[span for s in client_summaries for span in s["acting"]],
         teacher=teacher_calls(client_summaries),
     )
+
+
+def client_config(run: FleetRun, k: int, summary: Path) -> EdgeConfig:
+    """Client k of the fleet: `run.edge` with the phase's client id, tasks, episodes, policy, seed and summary."""
+    return replace(run.edge or EdgeConfig(""), client_id=f"{run.prefix}c{k}", tasks=run.tasks,
+                   episodes_per_task=run.episodes_per_task, policy=run.policy, max_steps=run.max_steps,
+                   seed=run.seed + k * run.seed_stride, summary_path=summary)  # fmt: skip
+
+
+def edge_args(client: EdgeConfig) -> list[str]:
+    """`flywheel edge ...` of one client: its config as flags (core.cli_config.config_argv, the parser's inverse)."""
+    return ["edge", *config_argv(client, rename=FLAG_NAMES)]
 
 
 def teacher_calls(client_summaries: list[dict]) -> dict:

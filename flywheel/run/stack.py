@@ -137,8 +137,10 @@ def local_stack(
     worker: bool = True,
     env: Mapping[str, str] | None = None,
     machines: Path | None = None,
+    worker_args: Sequence[str] = (),
 ) -> Iterator[LocalStack]:
-    """A broker with topics for the run, its worker (unless `worker=False`), everything stopped on exit.
+    """A broker with topics for the run, its worker (unless `worker=False`; `flywheel process` with `worker_args`),
+    everything stopped on exit.
 
     `run` gives the run topics of its own (`<prefix>-<run>-<time>-<random>`), `data_dir` tables and artifacts of
     its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
@@ -150,7 +152,7 @@ def local_stack(
             stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})}, machines=machines)
             try:
                 if worker:
-                    stack.start_worker()
+                    stack.start_worker(*worker_args)
                 yield stack
             finally:
                 stack.close()
