@@ -1,7 +1,8 @@
 """SFT of the VLA on demonstrations read from Delta: maximum likelihood of thought + action tokens.
 
-Every batch: B steps sampled uniformly with replacement (B is the global batch: under torchrun each process
-trains on its slice, learner.distributed), one keep ratio drawn from `keep_ratios`
+Every batch: B steps sampled with replacement as `balance` says, or task-balanced click steps on a click-map
+model's map-only steps (B is the global batch: under torchrun each process trains on its slice,
+learner.distributed), one keep ratio drawn from `keep_ratios`
 (the model is trained with pruning on, and sees the unpruned screen too, so one set of weights serves
 both edge variants), loss = learner.vla.vla_loss. The run is a learner.training_run.TrainingRun: its
 checkpoints hold model, optimiser, sampler state and step, so a killed run resumes where it stopped and
