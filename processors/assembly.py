@@ -19,10 +19,19 @@ arrives. A step of an episode closed so is late (the one a client was in when cu
 is in `steps` (the worker commits every valid step) and counted (`on_late`), but it neither reopens nor emits the
 episode again.
 
+A partition no step reaches stops its event time, so what a client left open there just before it died would wait
+for the next step forever (the fleet stopped, a quiet night). So `tick` (the worker calls it every few seconds) closes
+everything a partition holds open once no step has reached it for `abandon_after_s` of the wall clock: idleness, as
+stream processors define it. A backlog being read is never idle that long, so this never judges episodes by how late
+they are read; a partition the brokers cannot serve for longer than the gap does close its open episodes early (their
+later steps are late).
+
 A restart or a lost partition forgets what was open, and what was closed. So an episode this process did not see
 from its first step is looked up in the `episodes` table before it is scored: one already there is not emitted again
-(and if it was abandoned, what came of it since is late). Known gap: an episode open at a restart whose client is
-already gone is never closed (its steps are in `steps`, it has no row in `episodes`).
+(and if it was abandoned, what came of it since is late). And a partition newly held (the first assignment after a
+start, a rebalance) recovers what the worker before left open there: episodes with steps in `steps` of that Kafka
+partition (produced within `recover_horizon_s`), no final step and no row in `episodes` are open again, with their
+steps recalled, so one whose client is gone too is abandoned in its turn rather than never closed.
 """
 
 from __future__ import annotations
@@ -49,12 +58,14 @@ class EpisodeAssembler:
         max_open: int = 100_000,
         on_late: Callable[[int], None] = lambda steps: None,
         clock: Callable[[], float] = time.time,
+        recover_horizon_s: float = 86_400.0,
     ):
         self.tables_dir = tables_dir
         self.abandon_after_s = abandon_after_s
         self.max_open = max_open  # an overload guard: the oldest open episode beyond it is dropped unscored
         self.on_late = on_late  # called with a number of late steps
         self.clock = clock
+        self.recover_horizon_s = recover_horizon_s  # how far back a newly held partition looks for open episodes
         self.open: dict[str, EpisodeProgress] = {}
         self.event_time: dict[int, float] = {}  # partition -> its newest produced_at, never later than now
         # partition -> open episode -> the partition's event time when its latest step came, oldest first
@@ -62,7 +73,9 @@ class EpisodeAssembler:
         # Abandoned episode ids, oldest first, as many as may be open: their late steps are dropped. Beyond that,
         # the episodes sink's de-duplication by episode_id keeps the one row.
         self.closed: OrderedDict[str, None] = OrderedDict()
+        self.arrived: dict[int, float] = {}  # partition -> wall clock of its latest step (or of its recovery)
         self._assigned: set[int] | None = None  # the steps partitions of the last rebalance, not applied yet
+        self._held: set[int] = set()  # the steps partitions of the assignment applied last
         self._lock = threading.Lock()  # assign() comes from the event loop, observe() runs in a thread
 
     def observe(self, steps: Iterable[StepEvent], partition: int = 0) -> list[EpisodeEvent]:
@@ -70,6 +83,7 @@ class EpisodeAssembler:
         self._apply_assignment()
         now = self.clock()
         finished = []
+        self.arrived[partition] = now
         for step in steps:
             clock = self._advance(partition, min(step.produced_at, now))  # a clock ahead cannot abandon the others
             if step.episode_id in self.closed:
@@ -94,6 +108,16 @@ class EpisodeAssembler:
         with self._lock:
             self._assigned = set(partitions)
 
+    def tick(self) -> list[EpisodeEvent]:
+        """Close, as abandoned, every episode open on a partition no step has reached for `abandon_after_s` of the
+        wall clock; return them scored."""
+        self._apply_assignment()
+        now, abandoned = self.clock(), []
+        for partition, heard in self.heard.items():
+            if heard and now - self.arrived.get(partition, now) > self.abandon_after_s:
+                abandoned += self._close_heard(partition, lambda _heard_at: True)
+        return abandoned
+
     def _apply_assignment(self) -> None:
         with self._lock:
             assigned, self._assigned = self._assigned, None
@@ -104,6 +128,43 @@ class EpisodeAssembler:
                 self.open.pop(episode_id, None)
         for partition in [p for p in self.event_time if p not in assigned]:
             del self.event_time[partition]
+        newly, self._held = assigned - self._held, assigned
+        if newly:
+            self._recover_open(newly)
+
+    def _recover_open(self, partitions: set[int]) -> None:
+        """Open again what the worker before left open on `partitions`: their recent steps in `steps` whose episode
+        has no final step there and no row in `episodes`; each heard at its latest step, each partition's event
+        time at its newest step."""
+        steps = scan_table(self.tables_dir, STEPS)
+        if steps is None:
+            return
+        now = self.clock()
+        recent = steps.filter(pl.col("kafka_partition").is_in(sorted(partitions))
+                              & (pl.col("produced_at") > now - self.recover_horizon_s))  # fmt: skip
+        clocks = recent.group_by("kafka_partition").agg(pl.col("produced_at").max()).collect()
+        for partition, newest in clocks.iter_rows():
+            self._advance(partition, min(newest, now))
+            self.arrived[partition] = now
+        unfinished = (
+            recent.group_by("episode_id").agg(pl.col("done").any()).filter(~pl.col("done")).select("episode_id")
+        )
+        episodes = scan_table(self.tables_dir, EPISODES)
+        if episodes is not None:
+            unfinished = unfinished.join(episodes.select("episode_id"), on="episode_id", how="anti")
+        rows = (recent.join(unfinished, on="episode_id", how="semi")
+                .select("episode_id", "kafka_partition", "step", "task", "client_id", "model_version", "seed",
+                        "produced_at", "reward", "verify_ok")
+                .sort("produced_at").collect())  # fmt: skip
+        known = set(self.open) | set(self.closed)
+        for row in rows.iter_rows(named=True):
+            if row["episode_id"] in known:
+                continue
+            progress = self.open.setdefault(row["episode_id"], EpisodeProgress())
+            progress.add_row(row)
+            heard = self.heard.setdefault(row["kafka_partition"], {})
+            heard.pop(row["episode_id"], None)
+            heard[row["episode_id"]] = min(row["produced_at"], now)  # in produced_at order: newest last
 
     def _advance(self, partition: int, produced_at: float) -> float:
         """Move the partition's event time on to `produced_at` (never back); return it."""
@@ -127,9 +188,13 @@ class EpisodeAssembler:
 
     def _abandon_quiet(self, partition: int) -> list[EpisodeEvent]:
         """Close the episodes of `partition` not heard from for more than abandon_after_s of its event time."""
-        heard, abandoned = self.heard.get(partition, {}), []
         deadline = self.event_time[partition] - self.abandon_after_s
-        while heard and heard[oldest := next(iter(heard))] < deadline:
+        return self._close_heard(partition, lambda heard_at: heard_at < deadline)
+
+    def _close_heard(self, partition: int, due: Callable[[float], bool]) -> list[EpisodeEvent]:
+        """Close the episodes of `partition` whose last-heard event time is `due`, oldest first, as abandoned."""
+        heard, abandoned = self.heard.get(partition, {}), []
+        while heard and due(heard[oldest := next(iter(heard))]):
             del heard[oldest]
             progress = self.open.pop(oldest, None)
             if progress is None:  # dropped by max_open

@@ -35,6 +35,7 @@ from schemas import encode_event
 
 log = logging.getLogger(__name__)
 BATCH_WITHIN_S = 1.0  # a batch is committed when it holds BATCH_MAX records or its oldest is this old
+IDLE_CHECK_S = 5.0  # how often partitions gone quiet are checked for episodes to close (processors.assembly.tick)
 
 
 def crash(error: BaseException) -> None:
@@ -58,10 +59,28 @@ def build_app(settings: Settings) -> faust.App:
         steps_topic = topics["steps"].get_topic_name()
         assembler.assign(tp.partition for tp in assigned if tp.topic == steps_topic)
 
+    assembly_turn = asyncio.Lock()  # assembly runs in a thread: one batch or tick at a time
+
+    async def emit_episodes(episodes) -> list:
+        """Send scored episodes, keyed by task (a task's episodes in one partition, in one order:
+        processors.curation); return the delivery futures."""
+        sent = []
+        for episode in episodes:
+            sent.append(await topics["episodes"].send(key=episode.task.encode(), value=encode_event(episode)))
+            metrics.count_episode(episode)
+        return sent
+
     @app.timer(interval=BATCH_WITHIN_S / 10)
     async def flush_due_batches():
         for batcher in batchers:
             await batcher.flush_if_due()
+
+    @app.timer(interval=IDLE_CHECK_S)
+    async def close_idle_partitions():
+        # Their steps are committed already; a crash before delivery leaves the episodes open in `steps`, and the
+        # next worker to hold the partition recovers and closes them.
+        async with assembly_turn:
+            await asyncio.gather(*await emit_episodes(await asyncio.to_thread(assembler.tick)))
 
     async def dead_letter(dead) -> list:
         """Send dead letters; return the delivery futures (await them before committing offsets)."""
@@ -84,10 +103,8 @@ def build_app(settings: Settings) -> faust.App:
             # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
             # rather than losing them.
             sent = await dead_letter(fresh.dead.values())
-            for episode in await asyncio.to_thread(assembler.observe_batch, fresh.steps):
-                # Keyed by task: a task's episodes in one partition, in one order (processors.curation).
-                sent.append(await topics["episodes"].send(key=episode.task.encode(), value=encode_event(episode)))
-                metrics.count_episode(episode)
+            async with assembly_turn:
+                sent += await emit_episodes(await asyncio.to_thread(assembler.observe_batch, fresh.steps))
             await asyncio.gather(*sent)
             await _commit(sink, fresh.records)
             step_ids.written()

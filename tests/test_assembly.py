@@ -175,6 +175,70 @@ def test_partitions_lost_in_a_rebalance_are_forgotten(tmp_path):
     assert set(assembler.open) == {"c1-click-test-8-0", "c2-click-test-9-0"}
 
 
+class WallClock:
+    """A wall clock the test moves."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_partition_quiet_for_the_gap_of_wall_clock_closes_what_it_holds_open(tmp_path):
+    wall = WallClock(T0 + 20)
+    assembler = EpisodeAssembler(tmp_path, abandon_after_s=GAP, clock=wall)
+    assembler.observe([at(0), at(10, "c1-click-test-8-0")], partition=0)
+    assembler.observe([at(15, "c2-click-test-9-0")], partition=1)
+    wall.now += GAP  # exactly the gap: not yet
+    assert assembler.tick() == []
+    assembler.observe([at(GAP + 19, "c2-click-test-9-0", step=1)], partition=1)  # partition 1 is heard from
+    wall.now += 1
+    closed = assembler.tick()  # the fleet stopped: no step will move partition 0's event time on again
+    assert [e.episode_id for e in closed] == [EPISODE, "c1-click-test-8-0"]
+    assert {e.termination for e in closed} == {"abandoned"}
+    assert set(assembler.open) == {"c2-click-test-9-0"} and assembler.tick() == []
+    late: list[int] = []
+    assembler.on_late = late.append
+    assert assembler.observe([at(GAP + 30, step=1, done=True)], partition=0) == [] and late == [1]  # its end: late
+
+
+def write_steps(tmp_path, steps: list[tuple[int, StepEvent]]) -> None:
+    """`steps` as (kafka partition, event) committed to Delta, as a worker before this one did."""
+    DeltaSink(tmp_path, STEPS).write([Record("steps", p, i, [step_row(s, p, i)]) for i, (p, s) in enumerate(steps)])
+
+
+def test_a_newly_held_partition_recovers_what_the_worker_before_left_open(tmp_path):
+    """The worker that held partition 0 died after committing these steps; their clients died too: no step comes."""
+    gone, finished, closed, elsewhere = EPISODE, "c1-click-test-8-0", "c2-click-test-9-0", "c3-click-test-4-0"
+    write_steps(tmp_path, [
+        (0, at(0, gone, step=0, verify=Verify("x", "changed", True))),
+        (0, at(5, gone, step=1, verify=Verify("x", "y", False))),
+        (0, at(1, finished)), (0, at(2, finished, step=1, done=True)),
+        (0, at(3, closed)), (1, at(4, elsewhere)),
+    ])  # fmt: skip
+    DeltaSink(tmp_path, EPISODES).write([Record("episodes", 0, 0, [episode_row(
+        assembler_at(tmp_path).observe([at(3, closed), at(GAP + 4, "c9-click-test-1-0")])[0], 0, 0)])])  # fmt: skip
+    wall = WallClock(T0 + 60)
+    assembler = EpisodeAssembler(tmp_path, abandon_after_s=GAP, clock=wall)
+    assembler.assign([0])
+    assert assembler.tick() == [] and set(assembler.open) == {gone}  # not the finished, the closed, nor partition 1's
+    wall.now += GAP + 1
+    (abandoned,) = assembler.tick()
+    assert (abandoned.episode_id, abandoned.termination, abandoned.steps) == (gone, "abandoned", 2)
+    assert (abandoned.verification, abandoned.first_produced_at, abandoned.produced_at) == (0.5, T0, T0 + 5)
+    assert assembler.open == {}
+
+
+def test_a_recovered_episode_that_goes_on_completes_once(tmp_path):
+    write_steps(tmp_path, [(0, at(0, step=0, verify=Verify("x", "changed", True)))])
+    assembler = EpisodeAssembler(tmp_path, abandon_after_s=GAP, clock=WallClock(T0 + 60))
+    assembler.assign([0, 1])
+    (episode,) = assembler.observe([at(10, step=1, done=True)], partition=0)
+    assert (episode.episode_id, episode.termination, episode.steps) == (EPISODE, "success", 2)
+    assert assembler.open == {} and assembler.tick() == []
+
+
 def test_an_abandoned_episode_is_never_curated_nor_counted_a_success(tmp_path):
     assembler = assembler_at(tmp_path)
     # It even saw a positive reward before it went quiet: still no success.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -137,3 +138,23 @@ def test_an_episode_whose_client_went_quiet_is_closed_as_abandoned_and_its_late_
     assert rows == [(quiet, "abandoned", False, 1), ("c1-click-test-2-2", "success", True, 2)]
     samples = pl.read_delta(table_uri(settings.tables_dir, TRAINING_SAMPLES))
     assert set(samples["episode_id"]) == {"c1-click-test-2-2"}  # the abandoned one is never curated
+
+
+def test_an_episode_left_open_by_a_killed_worker_and_a_gone_client_is_closed_by_the_next_worker(stack):
+    """The client died mid-episode and the worker died after committing its steps: nothing will ever come on that
+    partition again. The restarted worker recovers the open episode from `steps` and, its partition quiet for the gap
+    of wall clock, closes it as abandoned, once."""
+    settings, gone = stack.settings, "c0-click-test-1-1"
+    env = {"FLYWHEEL_ABANDON_AFTER_S": "15"}
+    produce(settings, [step_event(gone, step=0, done=False, reward=0.0)])
+    worker = stack.start_worker("--no-restart", env=env)
+    wait_until(landed(settings, worker, 1), 120, what="the open episode's step in Delta")
+    worker.stop(signal.SIGKILL, timeout=5)  # before the gap: it dies holding the episode open
+    assert episode_stats(settings.tables_dir)["episodes"] == 0
+    worker = stack.start_worker("--no-restart", env=env)
+    wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 1, 90, what="the abandoned episode")
+    time.sleep(17)  # another gap: a second close would have come by now
+    import polars as pl
+
+    rows = pl.read_delta(table_uri(settings.tables_dir, EPISODES)).select("episode_id", "termination", "steps").rows()
+    assert rows == [(gone, "abandoned", 1)] and worker.running()
