@@ -72,8 +72,9 @@ class EdgeConfig:
     spool_timeout_s: float = 120.0
     """At exit, how long to wait for the spool to reach Kafka (what is left is sent by the next run)."""
     ledger_path: Path | None = None
-    """Append each step's event_id to this file once it is in the spool (a client's own record of what it owes the
-    tables: `flywheel chaos` checks each is in Delta exactly once)."""
+    """Append each step's line 'event_id episode_id' (' end' after an episode's final step) to this file once it is
+    in the spool (a client's own record of what it owes the tables: `flywheel chaos` checks each is in Delta exactly
+    once, and each episode closed)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """With policy='model': which screens the DOM teacher labels, and its budget (edge_client.teacher)."""
 
@@ -141,7 +142,8 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     def publish(event: StepEvent) -> None:
         publisher.publish(steps_topic, event.episode_id.encode(), encode_event(event))
         if ledger is not None:
-            ledger.write(f"{event.event_id} {event.episode_id}\n")  # after the spool has it: owed from now on
+            # After the spool has it: owed from now on. One write per line (line-buffered): a kill cuts no line.
+            ledger.write(f"{event.event_id} {event.episode_id}{' end' if event.done else ''}\n")
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)

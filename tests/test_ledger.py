@@ -10,13 +10,16 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from edge_client.spool import Spool
 from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
     check_learner_kills,
+    check_spools,
     check_steps,
     check_versions,
     ledger_ok,
+    open_episode,
     read_client_ledgers,
 )
 from lake.tables import STEPS
@@ -54,6 +57,36 @@ def test_a_clean_run_passes_and_each_kind_of_loss_is_found(tmp_path):
     stray = step_event("c9-ep-0")  # in the table, owed by no client
     log.sinks[STEPS].write([Record("steps", 0, 100, [step_row(stray, 0, 100)])])
     assert check_steps(tables, owed)["unowed"] == 1
+
+
+def test_the_ledger_knows_an_episode_a_client_was_killed_in_and_that_it_was_never_closed(tmp_path):
+    log, owed = logged(tmp_path, episodes=2)  # two one-step episodes, each closed
+    ledger = tmp_path / "c1.ledger"
+    ledger.write_text("s-a c1-ep-0\ns-b c1-ep-0 end\n")
+    assert open_episode(ledger) is None and open_episode(tmp_path / "none.ledger") is None  # between episodes
+    ledger.write_text(ledger.read_text() + "s-c c1-ep-1\n")  # a step of the next one, then SIGKILL
+    assert open_episode(ledger) == "c1-ep-1"
+    owed |= read_client_ledgers([ledger])
+    assert owed["s-b"] == "c1-ep-0" and len(owed) == 5  # a final step's line is owed like the others
+    episodes = check_episodes(tmp_path / "tables", owed)
+    assert episodes["missing"] == 2 and episodes["ended"] == {"success": 2}  # c1's two: never closed
+
+
+def test_a_spool_left_with_unsent_events_fails_the_ledger(tmp_path):
+    spools = tmp_path / "home" / "spool"
+    Spool(spools / "f-c0", max_bytes=1 << 20).close()  # drained
+    left = Spool(spools / "f-c1", max_bytes=1 << 20)
+    left.append("steps", b"k", b"v1")
+    left.append("steps", b"k", b"v2")
+    left.close()
+    found = check_spools(spools)
+    assert found == {"spools": 2, "unsent": 2, "by_client": {"f-c0": 0, "f-c1": 2}}
+    log, owed = logged(tmp_path)
+    tables = tmp_path / "tables"
+    report = {"steps": check_steps(tables, owed), "episodes": check_episodes(tables, owed), "spools": found,
+              "dead_letters": check_dead_letters([], []), "versions": {"reused_ids": [], "problems": []}}  # fmt: skip
+    assert not ledger_ok(report)
+    assert ledger_ok(report | {"spools": check_spools(tmp_path / "no-spools")})
 
 
 def test_dead_letters_must_be_exactly_the_injected_bad_events():

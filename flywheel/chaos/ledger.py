@@ -3,7 +3,9 @@ tables hold.
 
     steps          every event_id a client recorded as spooled (edge_client.runner's ledger) is in `steps` exactly
                    once, and `steps` holds nothing else
-    episodes       every episode those steps belong to is in `episodes` exactly once
+    episodes       every episode those steps belong to is closed exactly once: in `episodes` once, complete or
+                   abandoned (a client killed mid-episode never sends its final step), and none is left open
+    spools         no client's spool holds an unsent event once the clients have stopped
     dead letters   every dead letter is an injected bad event (by the digest of its bytes), each exactly once
     versions       every published version verifies (signature by a trusted key, artifact digest), its lineage
                    reads (each table at the version it trained on), no version id is used twice, and the learner
@@ -23,6 +25,7 @@ import msgspec
 import polars as pl
 
 from core.object_store import Location
+from edge_client.spool import Spool
 from lake.tables import EPISODES, STEPS, open_table, scan, table_exists, table_uri
 from registry.signing import TrustedKeys
 from registry.store import ModelRejected, fetch_verified, read_manifests
@@ -32,15 +35,24 @@ SIGNED_FIELDS = tuple(ModelVersionEvent.__struct_fields__)
 
 
 def read_client_ledgers(paths: Iterable[Path]) -> dict[str, str]:
-    """event_id -> episode_id of every step the clients spooled (lines 'event_id episode_id'; a line cut by a kill
-    mid-write is not a step the client finished recording, so it is skipped)."""
+    """event_id -> episode_id of every step the clients spooled (lines 'event_id episode_id', ' end' after an
+    episode's final step: edge_client.runner; a line cut mid-write is not a step the client finished recording, so
+    it is skipped)."""
     owed: dict[str, str] = {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
             parts = line.split()
-            if len(parts) == 2:
+            if len(parts) == 2 or (len(parts) == 3 and parts[2] == "end"):
                 owed[parts[0]] = parts[1]
     return owed
+
+
+def open_episode(path: Path) -> str | None:
+    """The episode a client's ledger shows it in the middle of (its last line a step other than a final one), or
+    None (between episodes, or no ledger yet)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    parts = lines[-1].split() if lines else []
+    return parts[1] if len(parts) == 2 else None
 
 
 def check_steps(tables_dir: Location, owed: dict[str, str]) -> dict:
@@ -54,13 +66,25 @@ def check_steps(tables_dir: Location, owed: dict[str, str]) -> dict:
 
 
 def check_episodes(tables_dir: Location, owed: dict[str, str]) -> dict:
+    """Every episode of the owed steps closed once; `missing` ones are still open, `ended` counts how they closed."""
     episodes = set(owed.values())
     found = _counts(tables_dir, EPISODES, "episode_id")
     missing = sorted(episodes - set(found))
     duplicated = sorted(e for e, n in found.items() if n > 1)
     examples = {"missing": missing[:5], "duplicated": duplicated[:5]}
     return {"owed": len(episodes), "in_table": sum(found.values()), "missing": len(missing),
-            "duplicated": len(duplicated), "examples": examples}  # fmt: skip
+            "duplicated": len(duplicated), "ended": _endings(tables_dir, episodes), "examples": examples}  # fmt: skip
+
+
+def check_spools(spools_dir: Path) -> dict:
+    """The events still unsent in the client spools under `spools_dir` ($FLYWHEEL_HOME/spool), after the clients
+    stopped."""
+    unsent = {}
+    for directory in sorted(p for p in spools_dir.glob("*") if (p / "spool.log").exists()):
+        spool = Spool(directory, max_bytes=0)
+        unsent[directory.name] = spool.pending_records
+        spool.close()
+    return {"spools": len(unsent), "unsent": sum(unsent.values()), "by_client": unsent}
 
 
 def check_dead_letters(letters: Iterable[bytes], injected: Iterable[bytes]) -> dict:
@@ -121,10 +145,21 @@ def ledger_ok(report: dict) -> bool:
     return (
         steps["missing"] == steps["duplicated"] == steps["unowed"] == 0
         and episodes["missing"] == episodes["duplicated"] == 0
+        and report.get("spools", {}).get("unsent", 0) == 0
         and letters["unaccounted"] == letters["not_dead_lettered"] == 0
         and not versions["reused_ids"]
         and not versions["problems"]
     )
+
+
+def _endings(tables_dir: Location, episode_ids: set[str]) -> dict[str, int]:
+    """How the episodes `episode_ids` ended, as `episodes` says: termination -> count."""
+    uri = table_uri(tables_dir, EPISODES)
+    if not table_exists(uri):
+        return {}
+    ended = (scan(uri, columns=["episode_id", "termination"]).filter(pl.col("episode_id").is_in(sorted(episode_ids)))
+             .group_by("termination").agg(pl.len()).collect())  # fmt: skip
+    return dict(zip(ended["termination"].to_list(), ended["len"].to_list(), strict=True))
 
 
 def _counts(tables_dir: Location, table: str, column: str) -> dict[str, int]:

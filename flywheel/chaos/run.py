@@ -31,9 +31,11 @@ from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
     check_learner_kills,
+    check_spools,
     check_steps,
     check_versions,
     ledger_ok,
+    open_episode,
     read_client_ledgers,
 )
 from flywheel.chaos.proxy import Proxy
@@ -43,7 +45,7 @@ from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig, fleet_client, learne
 from flywheel.run.fleet import edge_args
 from flywheel.run.stack import LocalStack, local_stack
 from lake.queries import scan_table, step_count
-from lake.tables import STEPS
+from lake.tables import EPISODES, STEPS
 from registry.store import artifact_location, read_manifests
 from streams import topic_admin
 from streams.broker_jars import share_jars
@@ -116,6 +118,8 @@ class ChaosRun:
     stack: LocalStack
     started: float
     clients: list[Child] = field(default_factory=list)
+    killed: list[Child] = field(default_factory=list)  # clients SIGKILLed: their orphaned browsers reaped at the end
+    client_ids: dict[int, str] = field(default_factory=dict)  # client k's current run's client id
     proxies: list[list[Proxy]] = field(default_factory=list)
     learners: list[Child] = field(default_factory=list)
     incarnations: list[int] = field(default_factory=list)
@@ -178,7 +182,7 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
             drive(run, schedule)
             drain(run)
         finally:
-            for client in run.clients:
+            for client in run.clients + run.killed:
                 client.stop()
             for learner in run.learners:
                 learner.stop()
@@ -205,11 +209,13 @@ def start_fleet(run: ChaosRun) -> None:
     run.learners.append(run.stack.start("learner", learner_args(run.config.run), role="learner"))
 
 
-def start_client(run: ChaosRun, k: int) -> Child:
-    """Client k (a new incarnation after a restart: new client id, so its episode ids are its own), connected
-    through its proxies only."""
+def start_client(run: ChaosRun, k: int, client_id: str | None = None) -> Child:
+    """Client k, connected through its proxies only. A new incarnation after a restart gets a new client id, or
+    `client_id`, the id of the run it replaces (a device back after a crash, which replays that run's spool on
+    start); its seeds are its own either way, and so its episode ids."""
     n, remaining_s = run.incarnations[k], max(10.0, 60 * run.config.run.minutes - (time.monotonic() - run.started))
-    client_id = f"{PREFIX}c{k}" + (f"r{n}" if n else "")
+    client_id = client_id or f"{PREFIX}c{k}" + (f"r{n}" if n else "")
+    run.client_ids[k] = client_id
     client = replace(fleet_client(run.config.run, remaining_s), client_id=client_id, seed=1000 * k + 100_000 * n,
                      summary_path=run.config.run.out / f"client{k}-{n}.json", ledger_path=run.ledger(k))  # fmt: skip
     return run.stack.start(f"client{k}-{n}", edge_args(client),
@@ -346,6 +352,54 @@ def kill_browser(run: ChaosRun, record: Record) -> Callable[[], bool]:
     return lambda: run.owed(k) > before + 1
 
 
+def kill9_client(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL one client mid-episode, as the OOM killer would: no episode end, no spool drain; its browser lives on,
+    orphaned. It comes back under the same client id (edge_client.runner replays what the dead run left spooled)."""
+    return _crash_client(run, record, whole_device=False)
+
+
+def power_loss(run: ChaosRun, record: Record) -> Callable[[], bool]:
+    """SIGKILL one client and its browser at once, as a device losing power; it comes back as kill9_client's does."""
+    return _crash_client(run, record, whole_device=True)
+
+
+def _crash_client(run: ChaosRun, record: Record, whole_device: bool) -> Callable[[], bool]:
+    """Recovered when the step ledger's every step of the client is in Delta (the spool replayed), the episode it
+    was in is closed (abandoned by the workers once its partition's event time has moved FLYWHEEL_ABANDON_AFTER_S
+    on) and its new run acts."""
+    k = catch_mid_episode(run)
+    dead, client_id = run.clients[k], run.client_ids[k]
+    if whole_device:
+        dead.stop(signal.SIGKILL, timeout=10)
+    else:
+        os.kill(dead.proc.pid, signal.SIGKILL)
+        dead.proc.wait(10)
+        run.killed.append(dead)  # its orphaned chromium, reaped at the end
+    owed_steps, left_open = len(read_client_ledgers([run.ledger(k)])), open_episode(run.ledger(k))
+    run.incarnations[k] += 1
+    run.clients[k] = start_client(run, k, client_id)
+    record.detail = f"client {k} ({client_id}) " + (f"in episode {left_open}" if left_open else "between episodes")
+
+    def recovered() -> bool:
+        closed = left_open is None or closed_episodes(run, {left_open}) == 1
+        return closed and run.landed(f"{PREFIX}c{k}") >= owed_steps and run.owed(k) > owed_steps + 1
+
+    return recovered
+
+
+def catch_mid_episode(run: ChaosRun, wait_s: float = 15.0) -> int:
+    """A client in the middle of an episode (a step of it spooled, not its final one), the first of them in a seeded
+    order that the clients' ledgers show so within `wait_s`; else (a fleet of one-step episodes) one of them."""
+    order = run.rng.sample(range(run.config.run.clients), run.config.run.clients)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for k in order:
+            if open_episode(run.ledger(k)) is not None:
+                return k
+        time.sleep(0.05)
+    return order[0]
+
+
 def corrupt_artifact(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """Flip a byte of the newest artifact in the store and start one client anew, so it fetches that version: it
     must refuse it and keep acting. The store is repaired after 30 s, as an operator would."""
@@ -383,7 +437,8 @@ def bad_events(run: ChaosRun, record: Record) -> Callable[[], bool]:
 
 STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
     "kill_worker": kill_worker, "kill_leader": kill_leader, "kill_learner": kill_learner, "cut_client": cut_client,
-    "kill_browser": kill_browser, "corrupt_artifact": corrupt_artifact, "bad_events": bad_events,
+    "kill_browser": kill_browser, "kill9_client": kill9_client, "power_loss": power_loss,
+    "corrupt_artifact": corrupt_artifact, "bad_events": bad_events,
 }  # fmt: skip
 
 
@@ -391,13 +446,26 @@ STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
 
 
 def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
-    """Wait until every step the clients owe is in Delta (or the timeout: the ledger then says what is missing)."""
-    owed = sum(run.owed(k) for k in range(run.config.run.clients))
+    """Wait until every step the clients owe is in Delta and every episode of them is closed, the last ones
+    abandoned by the workers' idle check (or the timeout: the ledger then says what is missing or open)."""
+    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.run.clients))
+    episodes = set(owed.values())
     try:
-        wait_until(lambda: run.landed() >= owed, timeout_s, interval=5, what=f"{owed} owed steps in Delta")
-        time.sleep(15)  # the episodes of the last steps, scored and sunk
+        wait_until(lambda: run.landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
+        wait_until(lambda: closed_episodes(run, episodes) >= len(episodes), run.settings.abandon_after_s + 120,
+                   interval=5, what=f"{len(episodes)} episodes closed")  # fmt: skip
     except TimeoutError as error:
         say(f"chaos: {error}")
+
+
+def closed_episodes(run: ChaosRun, episode_ids: set[str]) -> int:
+    """How many of `episode_ids` have their row in `episodes` (complete or abandoned)."""
+    episodes = scan_table(run.settings.tables_dir, EPISODES)
+    if episodes is None:
+        return 0
+    return (
+        episodes.filter(pl.col("episode_id").is_in(sorted(episode_ids))).select("episode_id").unique().collect().height
+    )
 
 
 def check(run: ChaosRun) -> dict:
@@ -406,6 +474,7 @@ def check(run: ChaosRun) -> dict:
     letters = [letter.value for letter in read_dead_letters(settings)]
     versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
     ledger = {"steps": check_steps(settings.tables_dir, owed), "episodes": check_episodes(settings.tables_dir, owed),
+              "spools": check_spools(settings.home / "spool"),
               "dead_letters": check_dead_letters(letters, run.injected), "versions": versions}  # fmt: skip
     kills = [r.at_s for r in run.records if r.fault == "kill_learner"]
     published = _published_at(run)

@@ -17,6 +17,8 @@ FAULTS = (
     "kill_learner",  # the learner daemon SIGKILLed mid-update, started again: it must resume, not restart
     "cut_client",  # an edge client cut off from the brokers: it spools and replays
     "kill_browser",  # the browser under a client SIGKILLed: the client starts a new one
+    "kill9_client",  # a client SIGKILLed mid-episode (an OOM kill), its browser orphaned: back with its spool
+    "power_loss",  # a client and its browser SIGKILLed at once (a device losing power): back with its spool
     "corrupt_artifact",  # the newest model artifact corrupted in the store before clients fetch it
     "bad_events",  # a burst of malformed and oversized events on the steps topic
 )
