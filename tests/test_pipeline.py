@@ -145,7 +145,7 @@ def test_an_episode_left_open_by_a_killed_worker_and_a_gone_client_is_closed_by_
     partition again. The restarted worker recovers the open episode from `steps` and, its partition quiet for the gap
     of wall clock, closes it as abandoned, once."""
     settings, gone = stack.settings, "c0-click-test-1-1"
-    env = {"FLYWHEEL_ABANDON_AFTER_S": "15"}
+    env = {"FLYWHEEL_ABANDON_AFTER_S": "8"}
     produce(settings, [step_event(gone, step=0, done=False, reward=0.0)])
     worker = stack.start_worker("--no-restart", env=env)
     wait_until(landed(settings, worker, 1), 120, what="the open episode's step in Delta")
@@ -153,7 +153,7 @@ def test_an_episode_left_open_by_a_killed_worker_and_a_gone_client_is_closed_by_
     assert episode_stats(settings.tables_dir)["episodes"] == 0
     worker = stack.start_worker("--no-restart", env=env)
     wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 1, 90, what="the abandoned episode")
-    time.sleep(17)  # another gap: a second close would have come by now
+    time.sleep(10)  # another gap: a second close would have come by now
     import polars as pl
 
     rows = pl.read_delta(table_uri(settings.tables_dir, EPISODES)).select("episode_id", "termination", "steps").rows()
