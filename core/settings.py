@@ -314,7 +314,7 @@ class Settings(BaseSettings):
 
     @property
     def local_s3_credential_path(self) -> Path:
-        """`access secret` of the local S3Proxy, made at its first start (lake.objectstore)."""
+        """`access secret` of the local S3Proxy, made at its first start (lake.s3proxy)."""
         return self.objectstore_dir / "credential"
 
     @property

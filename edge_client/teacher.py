@@ -13,7 +13,8 @@ A screen the teacher already labelled (the same task, instruction, step and pixe
 seed share their first screens) gets that label again without a call. The label is read from the screen the
 policy chose on, before its action runs: the episode loop reads the DOM
 for the teacher only when a label is due (GuiEnv.read_dom), so a model's steps stay pixels-only otherwise.
-The learner aggregates every (own state, teacher action) row, DAgger's data (learner.data.load_teacher_labels).
+The learner aggregates every (own state, teacher action) row, DAgger's data
+(learner.training_tables.load_teacher_labels).
 """
 
 from __future__ import annotations

@@ -67,16 +67,16 @@ def _objectstore(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_objectstore(args: argparse.Namespace) -> int:
-    from lake import objectstore
+    from lake import s3proxy
 
     settings = get_settings()
     if args.action == "up":
-        pid = objectstore.up(settings)
+        pid = s3proxy.up(settings)
         print(f"object store running (pid {pid}) at {settings.local_s3_endpoint}, If-None-Match: * answered 412")
     elif args.action == "down":
-        print("object store stopped" if objectstore.down(settings) else "object store was not running")
+        print("object store stopped" if s3proxy.down(settings) else "object store was not running")
     else:
-        print(json.dumps(objectstore.status(settings), indent=2))
+        print(json.dumps(s3proxy.status(settings), indent=2))
     return 0
 
 
@@ -129,7 +129,7 @@ def cmd_edge(args: argparse.Namespace) -> int:
 
 
 def _spool(p: argparse.ArgumentParser) -> None:
-    from flywheel.ops.spool import SpoolReplayConfig
+    from flywheel.admin.spool import SpoolReplayConfig
 
     actions = p.add_subparsers(dest="action", required=True)
     help_text = "send a dead edge client's spool to Kafka, exactly once by event_id, and empty it"
@@ -140,7 +140,7 @@ def _spool(p: argparse.ArgumentParser) -> None:
 
 def cmd_spool_replay(args: argparse.Namespace) -> int:
     from edge_client.spool import SpoolInUse
-    from flywheel.ops.spool import NoSpool, SpoolReplayConfig, replay_spool
+    from flywheel.admin.spool import NoSpool, SpoolReplayConfig, replay_spool
 
     try:
         result = replay_spool(config_from(args, SpoolReplayConfig), get_settings())
@@ -169,7 +169,7 @@ def _sft(p: argparse.ArgumentParser) -> None:
 def cmd_sft(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
     from learner.config import LearnConfig, VLARecipe, VLATrainConfig
-    from learner.train import learn_once
+    from learner.sft_publish import learn_once
 
     settings = get_settings()
     if args.metrics_port >= 0:
@@ -353,7 +353,7 @@ def _canary(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
-    from flywheel.ops.canary import run_canary_controller
+    from flywheel.admin.canary import run_canary_controller
 
     run_canary_controller(get_settings(), interval_s=args.interval, once=args.once)
     return 0
@@ -394,7 +394,7 @@ def _status(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from flywheel.ops.status import render_status
+    from flywheel.admin.status import render_status
 
     print(render_status(get_settings(), args.prometheus))
     return 0
@@ -407,7 +407,7 @@ def _replay(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from flywheel.ops.replay import replay_and_compare
+    from flywheel.admin.replay import replay_and_compare
 
     return 0 if replay_and_compare(get_settings(), Path(args.out), compare=not args.no_compare) else 1
 
@@ -419,7 +419,7 @@ def _dlq(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from flywheel.ops.dlq import format_dead_letters, read_dead_letters
+    from flywheel.admin.dlq import format_dead_letters, read_dead_letters
 
     letters = read_dead_letters(get_settings(), limit=args.limit)
     print(json.dumps([d.as_json() for d in letters], indent=2) if args.json else format_dead_letters(letters))
@@ -437,7 +437,7 @@ def _maintain(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from flywheel.ops.maintain import run_maintenance
+    from flywheel.admin.maintain import run_maintenance
     from processors.maintenance import MaintenanceConfig
 
     config = config_from(args, MaintenanceConfig)

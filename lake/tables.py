@@ -16,8 +16,8 @@ STEPS = "steps"  # bronze: every valid step event, append-only, partitioned by d
 EPISODES = "episodes"  # silver: one scored row per episode
 TRAINING_SAMPLES = "training_samples"  # gold: curated step references labelled by purpose
 
-# A StepEvent flattened (processors.rows says how), then where and when it was read. Written out for the Arrow types;
-# tests/test_step_contract.py fails, naming the column, when it and the event disagree.
+# A StepEvent flattened (processors.table_rows says how), then where and when it was read. Written out for the Arrow
+# types; tests/test_step_contract.py fails, naming the column, when it and the event disagree.
 STEPS_SCHEMA = pa.schema(
     [
         ("event_id", pa.string()),

@@ -43,11 +43,11 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, tab
 from learner import metrics
 from learner.config import VLARecipe, VLATrainConfig
 from learner.daemon_config import DaemonConfig
-from learner.data import load_rollouts, load_samples, table_versions
 from learner.publish import publish_artifact
 from learner.stages import StageData, StageRun, run_stage, with_extra
 from learner.teacher_labels import load_teacher_labels, load_verified_successes
 from learner.training_run import VLAResult
+from learner.training_tables import load_rollouts, load_samples, table_versions
 from learner.vla_export import export_bundle
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from learner.training_run import VLAResult, lr_at, open_run
 from learner.vla import VLA, target_patch_nll
 from policy.pruning import keep_count
 
-# Beyond learner.data.SFT_COLUMNS: what the offline stage reads of each logged step.
+# Beyond learner.training_tables.SFT_COLUMNS: what the offline stage reads of each logged step.
 ROLLOUT_COLUMNS = ["tokens", "seed", "score", "success", "weight"]
 
 

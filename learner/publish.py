@@ -1,7 +1,7 @@
 """Publishing a trained model: content-addressed store, signed manifest, ModelVersionEvent.
 
 With a canary stage configured (settings.canary_fraction > 0) every version after the first goes to
-the canary channel; flywheel.ops.canary promotes or rolls it back.
+the canary channel; flywheel.admin.canary promotes or rolls it back.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one dispatcher of the curriculum's stages: the learner daemon (learner.daemon) and the experiment
 (flywheel.experiments.curriculum) both train every stage through `run_stage`, so a stage means one thing in both.
 
-    sft                 imitation of the demonstrations (learner.vla_sft)
+    sft                 imitation of the demonstrations (learner.sft)
     offline_rl          AWR + DPO on the logged successes and failures (learner.offline_rl)
     online_rl:<g>       one PPO update on fresh (+ replayed) rollouts, guidance g: none, refkl or databc
                         (learner.online_rl)
@@ -32,9 +32,9 @@ from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import entropy_over_support, kl_to_reference
 from learner.semi_online import SemiOnlineConfig, semi_online_update
+from learner.sft import train_vla
 from learner.teacher_labels import LABEL_COLUMNS, label_count
 from learner.training_run import VLAResult, open_run
-from learner.vla_sft import train_vla
 from policy.pruning import keep_count
 
 STAGES = ("sft", "offline_rl", "online_rl", "semi_online", "dagger", "self_imitation")

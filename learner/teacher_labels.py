@@ -24,7 +24,7 @@ import polars as pl
 from core.object_store import Location
 from lake.tables import EPISODES, STEPS, scan, table_uri
 from learner.action_match import action_score, expert_action
-from learner.data import SFT_COLUMNS, table_versions
+from learner.training_tables import SFT_COLUMNS, table_versions
 
 TEACHER_COLUMNS = ["teacher_action_type", "teacher_action_x", "teacher_action_y", "teacher_action_text",
                    "teacher_action_key", "teacher_thought", "teacher_box"]  # fmt: skip

@@ -21,8 +21,8 @@ from core.settings import Settings
 from lake.pins import pinned
 from learner.config import VLARecipe
 from learner.daemon import DaemonConfig, retrain_run
-from learner.data import load_samples
 from learner.stages import StageData, run_stage
+from learner.training_tables import load_samples
 from learner.vla_export import export_bundle
 from registry.store import ancestry, store_artifact
 

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from lake.tables import IDENTITY, PARTITION_BY
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import utc_date
+from processors.table_rows import utc_date
 
 BUCKETS = 60  # the window is forgotten a sixtieth at a time
 TIME = "produced_at"  # the column every table windows on

@@ -3,7 +3,7 @@ source of truth, every table a projection of it).
 
 A bare kafka-python consumer (no group) assigns every partition of the steps and episodes topics,
 reads from the beginning up to the end offsets captured when it starts (the replay's horizon), and
-turns records into rows through the same functions the faust agents use (`processors.records`, the
+turns records into rows through the same functions the faust agents use (`processors.messages`, the
 de-duplication by identity of `processors.dedup`, `DeltaSink` with the offsets in the commit, so a replay
 interrupted half-way resumes where it stopped, and a second replay of the same horizon writes nothing).
 
@@ -31,7 +31,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors.curation import episode_history
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink
-from processors.records import BATCH_MAX, episode_records, step_records
+from processors.messages import BATCH_MAX, episode_records, step_records
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 

@@ -1,4 +1,4 @@
-"""The faust worker: two short agents that route batches through the functions of processors.records,
+"""The faust worker: two short agents that route batches through the functions of processors.messages,
 processors.assembly and processors.scoring into the Delta sinks of processors.delta_sink.
 
   steps topic ──▶ ingest_steps ──▶ Delta `steps`            (bad events ──▶ dead-letter topic)
@@ -30,7 +30,7 @@ from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
 from processors.lag import LagExporter
-from processors.records import BATCH_MAX, dead_among, dead_letter_headers, episode_records, step_records
+from processors.messages import BATCH_MAX, dead_among, dead_letter_headers, episode_records, step_records
 from schemas import encode_event
 
 log = logging.getLogger(__name__)

@@ -66,8 +66,8 @@ class Verify(msgspec.Struct, frozen=True):
 
 
 class StepEvent(msgspec.Struct, frozen=True, tag_field="kind", tag="step"):
-    """One step as the edge saw it. Its fields are the `steps` table's columns too (processors.rows derives the row);
-    tests/test_step_contract.py names what else must follow a field added here."""
+    """One step as the edge saw it. Its fields are the `steps` table's columns too (processors.table_rows derives the
+    row); tests/test_step_contract.py names what else must follow a field added here."""
 
     event_id: str
     client_id: str

@@ -22,7 +22,7 @@ import pytest
 from core.processes import free_ports
 from core.settings import Settings, get_settings
 from flywheel.run.stack import LocalStack, local_stack
-from lake import objectstore
+from lake import s3proxy
 from streams.broker_jars import share_jars
 
 FIXTURE_MARKERS = {
@@ -143,8 +143,8 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     home = tmp_path_factory.mktemp("objectstore-home")
     settings = Settings(home=home, s3_port=free_ports(1), data_dir=f"s3://flywheel-test/{uuid.uuid4().hex[:8]}")
     link_shared_s3proxy(settings)
-    objectstore.up(settings)
-    access, secret = objectstore.local_credential(settings)
+    s3proxy.up(settings)
+    access, secret = s3proxy.local_credential(settings)
     credential = {"s3_endpoint": settings.local_s3_endpoint, "s3_access_key": access, "s3_secret_key": secret}
     try:
         with pytest.MonkeyPatch.context() as env:
@@ -154,12 +154,12 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
             yield Settings(home=home, s3_port=settings.s3_port, data_dir=settings.data_dir)
     finally:
         get_settings.cache_clear()
-        objectstore.down(settings)
+        s3proxy.down(settings)
 
 
 def link_shared_s3proxy(settings: Settings) -> None:
     """Make the S3Proxy jar of `settings.home` a link to the machine-wide one, fetching that once if needed."""
-    jar = objectstore.ensure_jar(Settings(home=SHARED_HOME, s3proxy_version=settings.s3proxy_version))
+    jar = s3proxy.ensure_jar(Settings(home=SHARED_HOME, s3proxy_version=settings.s3proxy_version))
     settings.objectstore_dir.mkdir(parents=True, exist_ok=True)
     link = settings.objectstore_dir / jar.name
     if not link.exists():

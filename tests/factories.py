@@ -11,7 +11,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from policy.screen import encode_png
 from processors.curation import Curated
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import episode_row, sample_rows, step_row
+from processors.table_rows import episode_row, sample_rows, step_row
 from schemas import Action, EpisodeEvent, StepEvent, Verify, new_event_id
 
 

@@ -9,9 +9,9 @@ from prometheus_client import REGISTRY
 from lake.tables import EPISODES, PARTITION_BY, STEPS, STEPS_SCHEMA, table_uri
 from processors.assembly import EpisodeAssembler
 from processors.delta_sink import DeltaSink, Record
+from processors.messages import episode_records
 from processors.metrics import count_episode
-from processors.records import episode_records
-from processors.rows import episode_row, step_row
+from processors.table_rows import episode_row, step_row
 from schemas import StepEvent, Verify, decode_event, encode_event
 from tests.factories import step_event, v1_step_bytes
 

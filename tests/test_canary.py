@@ -8,11 +8,11 @@ import pytest
 from kafka import TopicPartition
 
 from edge_client.model_updates import ModelVersionWatcher
-from flywheel.ops.canary import LiveSuccess, decide, review_canary
+from flywheel.admin.canary import LiveSuccess, decide, review_canary
 from lake.tables import EPISODES
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import episode_row
 from processors.scoring import EpisodeProgress, score_episode
+from processors.table_rows import episode_row
 from registry.channels import channel_for
 from schemas import ModelVersionEvent, RolloutDecisionEvent, decode_event, encode_event, new_event_id
 from streams.kafka_clients import make_consumer, make_producer

@@ -217,6 +217,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
     from edge_client.teacher import TeacherConfig
+    from flywheel.admin.spool import SpoolReplayConfig
     from flywheel.bench.edge import EdgeBenchConfig
     from flywheel.bench.env import EnvBenchConfig
     from flywheel.bench.learner import LearnerBenchConfig
@@ -227,7 +228,6 @@ def config_classes() -> dict[str, type]:
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.evaluation import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
-    from flywheel.ops.spool import SpoolReplayConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig

@@ -18,7 +18,7 @@ from edge_client.experts import expert_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
-from learner.data import load_samples
+from learner.training_tables import load_samples
 from tests.conftest import isolated_broker_settings
 
 

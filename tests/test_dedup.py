@@ -12,8 +12,8 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors.curation import Curated
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import episode_row, sample_rows, step_row
 from processors.scoring import EpisodeProgress, score_episode
+from processors.table_rows import episode_row, sample_rows, step_row
 from tests.factories import step_event
 
 TOPIC = "t.steps"

@@ -12,9 +12,9 @@ import pytest
 from deltalake import write_deltalake
 
 from lake.tables import PARTITION_BY, STEPS, TRAINING_SAMPLES, SchemaMismatch, open_table, table_uri
-from learner.data import load_rollouts, load_samples, table_versions
+from learner.training_tables import load_rollouts, load_samples, table_versions
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import step_row
+from processors.table_rows import step_row
 from schemas import Action
 from tests.factories import TablesLog, step_event
 

@@ -3,8 +3,8 @@ from deltalake import DeltaTable
 from lake.tables import EPISODES, STEPS
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record, app_id
-from processors.rows import episode_row, step_row
 from processors.scoring import EpisodeProgress, score_episode
+from processors.table_rows import episode_row, step_row
 from tests.factories import step_event
 
 

@@ -37,7 +37,7 @@ from learner.config import VLARecipe, VLATrainConfig
 from learner.offline_rl import OfflineRLConfig, train_offline_rl
 from learner.online_rl import OnlineRLConfig, ppo_update
 from learner.semi_online import SemiOnlineConfig, semi_online_update
-from learner.vla_sft import train_vla
+from learner.sft import train_vla
 work, sft, out = sys.argv[1], sys.argv[2], sys.argv[3]
 rank = os.environ.get("RANK", "0")
 
@@ -74,7 +74,7 @@ def test_sft_and_the_rl_stages_on_two_processes_match_one_on_the_same_global_bat
     """SFT (DDP), offline RL, PPO (anchored) and semi-online RL: each process trains on its rows of the same global
     batches and the gradients are averaged, so 2 processes end where 1 does (up to how the halves' means combine)."""
     from learner.config import VLARecipe, VLATrainConfig
-    from learner.vla_sft import train_vla
+    from learner.sft import train_vla
     from policy.pruning import PruningConfig
     from tests.test_offline_rl import box_screen as centre_screen
     from tests.test_offline_rl import row as logged_row

@@ -65,7 +65,7 @@ def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, mo
 
     import flywheel.experiments.experiment as experiment
     from learner.config import VLARecipe, VLATrainConfig
-    from learner.vla_sft import train_vla
+    from learner.sft import train_vla
     from policy.screen import encode_png
 
     image = encode_png(np.full((210, 160, 3), 255, dtype=np.uint8))

@@ -30,9 +30,9 @@ from pydantic import SecretStr
 
 from core.processes import Child, wait_until
 from core.settings import get_settings
-from flywheel.ops.dlq import read_dead_letters
+from flywheel.admin.dlq import read_dead_letters
 from flywheel.run.stack import LocalStack, local_stack
-from lake import objectstore
+from lake import s3proxy
 from lake.queries import step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, table_uri
 from processors.compare import compare_tables
@@ -158,13 +158,13 @@ def s3_pipeline(kafka_settings, tmp_path, monkeypatch):
     settings = kafka_settings.model_copy(update={"data_dir": "s3://flywheel-faults/runs", **blank})
     link_shared_s3proxy(settings)
     with local_stack(settings, tmp_path / "logs", run="test", data_dir=tmp_path / "data", worker=False) as stack:
-        assert objectstore.status(stack.settings)["running"]  # started by the stack, stopped when it closes
+        assert s3proxy.status(stack.settings)["running"]  # started by the stack, stopped when it closes
         for name, value in stack.env.items():
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()
         yield Pipeline(stack, tmp_path)
     get_settings.cache_clear()
-    assert not objectstore.status(settings)["running"]
+    assert not s3proxy.status(settings)["running"]
 
 
 def episodes(client: str, count: int, steps: int = 3, first: int = 0) -> list:
@@ -297,10 +297,10 @@ def test_the_object_store_down_for_30_s_mid_stream_loses_and_duplicates_nothing(
     producer = Producer(settings, episodes("s", 300), rate=100.0)  # 900 steps over ~9 s
     producer.start()
     wait_until(lambda: producer.sent >= 200, 30, interval=0.05, what="the stream under way")
-    objectstore.down(settings)
+    s3proxy.down(settings)
     assert producer.sent < 900, "the object store should go down mid-stream"
     time.sleep(30)
-    objectstore.up(settings)
+    s3proxy.up(settings)
     acked = producer.result(120)
     assert len(acked) == 900
 

@@ -11,7 +11,7 @@ import pytest
 from core.settings import Settings
 from processors import faust_transport
 from processors.faust_app import broker_url, make_app
-from processors.rows import utc_date
+from processors.table_rows import utc_date
 
 
 def test_the_worker_consumer_waits_briefly_on_fetches_and_fetches_large_batches(tmp_path):

@@ -98,7 +98,7 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 # Inside a package: no module imports another that (directly or not) imports it back. Inside flywheel/ the
 # wings are floors of their own, and an import chain is at most MAX_CHAIN modules long (cli -> command ->
 # building block): each command reads top to bottom, not through a tower of modules.
-WINGS: dict[str, int] = {"ops": 1, "experiments": 2, "run": 3, "bench": 4, "chaos": 4}
+WINGS: dict[str, int] = {"admin": 1, "experiments": 2, "run": 3, "bench": 4, "chaos": 4}
 MAX_CHAIN = 3
 
 
@@ -208,16 +208,16 @@ def test_the_graph_checks_see_a_circle_a_deep_chain_and_an_upward_wing(tmp_path,
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "policy" / "a.py").write_text("from policy.b import x\n")
     (tmp_path / "policy" / "b.py").write_text("def f():\n    import policy.a\n")
-    for wing in ("run", "ops"):
+    for wing in ("run", "admin"):
         (tmp_path / "flywheel" / wing).mkdir()
         (tmp_path / "flywheel" / wing / "__init__.py").write_text("")
     (tmp_path / "flywheel" / "cli.py").write_text("from flywheel.run import demo\n")
     (tmp_path / "flywheel" / "run" / "demo.py").write_text("from flywheel.run.fleet import run_fleet\n")
     (tmp_path / "flywheel" / "run" / "fleet.py").write_text("from flywheel.run import stack\n")
     (tmp_path / "flywheel" / "run" / "stack.py").write_text("")
-    (tmp_path / "flywheel" / "ops" / "status.py").write_text("from flywheel.run.stack import LocalStack\n")
+    (tmp_path / "flywheel" / "admin" / "status.py").write_text("from flywheel.run.stack import LocalStack\n")
     graph = module_graph(tmp_path)
     assert circles(graph) == [["policy.a", "policy.b"]]
     assert longest_chain(graph, "flywheel") == ["flywheel.cli", "flywheel.run.demo", "flywheel.run.fleet",
                                                 "flywheel.run.stack"]  # fmt: skip
-    assert wing_violations(graph) == ["flywheel.ops.status imports flywheel.run.stack (wing run is not below ops)"]
+    assert wing_violations(graph) == ["flywheel.admin.status imports flywheel.run.stack (wing run is not below admin)"]

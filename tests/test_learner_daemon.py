@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
-from learner.data import table_versions
 from learner.training_run import TrainingRun
+from learner.training_tables import table_versions
 from learner.twin import train_twin, twin_plan
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling

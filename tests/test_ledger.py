@@ -24,7 +24,7 @@ from flywheel.chaos.ledger import (
 )
 from lake.tables import STEPS
 from processors.delta_sink import Record
-from processors.rows import step_row
+from processors.table_rows import step_row
 from registry.signing import load_or_create_key, sign
 from registry.store import store_artifact, write_manifest
 from schemas import Action, ModelVersionEvent, new_event_id

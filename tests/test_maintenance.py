@@ -24,7 +24,7 @@ from core.settings import Settings
 from flywheel.bench.maintenance import rows_at
 from lake.pins import live_pins, pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
-from learner.data import load_samples, table_versions
+from learner.training_tables import load_samples, table_versions
 from processors.delta_sink import DeltaSink, Record, app_id
 from processors.maintenance import (
     MB,
@@ -40,7 +40,7 @@ from processors.maintenance import (
     start_background,
     versions_to_keep,
 )
-from processors.rows import step_row
+from processors.table_rows import step_row
 from tests.factories import step_event
 
 PARTITIONS = 2

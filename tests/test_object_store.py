@@ -15,12 +15,12 @@ import pytest
 
 from core.object_store import Files, ObjectStoreError, PreconditionFailed, S3Config, TooLarge, join, split_uri
 from core.settings import Settings
-from lake import objectstore
+from lake import s3proxy
 from lake.pins import live_pins, pinned
 from lake.queries import step_count
 from lake.tables import STEPS, open_table, scan, table_exists, table_uri
 from processors.delta_sink import DeltaSink, Record
-from processors.rows import step_row
+from processors.table_rows import step_row
 from registry.store import (
     ModelRejected,
     artifact_location,
@@ -59,11 +59,11 @@ def test_of_32_parallel_conditional_puts_to_one_key_exactly_one_succeeds(s3_sett
 
 
 def test_the_probe_passes_here_and_requests_are_signed(s3_settings: Settings):
-    objectstore.probe_conditional_put(s3_settings.s3_config)  # raises on a store that would overwrite
+    s3proxy.probe_conditional_put(s3_settings.s3_config)  # raises on a store that would overwrite
     wrong = S3Config(s3_settings.s3_config.endpoint, s3_settings.s3_config.access_key, "not-the-secret")
     with pytest.raises(ObjectStoreError, match="403"):
         Files(lambda: wrong).read(str(join(s3_settings.data_dir, "anything")))
-    assert objectstore.status(s3_settings)["running"]
+    assert s3proxy.status(s3_settings)["running"]
 
 
 def test_an_s3proxy_that_ignores_if_none_match_is_refused(tmp_path):
@@ -74,10 +74,10 @@ def test_an_s3proxy_that_ignores_if_none_match_is_refused(tmp_path):
     link_shared_s3proxy(settings)
     try:
         with pytest.raises(ObjectStoreError, match="If-None-Match"):
-            objectstore.up(settings)
-        assert not objectstore.status(settings)["running"]
+            s3proxy.up(settings)
+        assert not s3proxy.status(settings)["running"]
     finally:
-        objectstore.down(settings)  # whatever happened above, no server outlives the test
+        s3proxy.down(settings)  # whatever happened above, no server outlives the test
 
 
 APPENDER = """

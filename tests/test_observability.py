@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.ops.observe import OPS_PROMETHEUS, query_range, running_prometheus, write_demo_config
-from flywheel.ops.status import _live
+from flywheel.admin.observe import OPS_PROMETHEUS, query_range, running_prometheus, write_demo_config
+from flywheel.admin.status import _live
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((ROOT / "ops" / "grafana" / "dashboards").glob("*.json"))

@@ -12,7 +12,7 @@ from learner.config import VLARecipe, VLATrainConfig
 from learner.dataset import VLADataset
 from learner.offline_rl import OfflineRLConfig, preference_pairs, step_advantages, train_offline_rl
 from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.vla_sft import train_vla
+from learner.sft import train_vla
 from policy.pruning import PruningConfig
 from policy.screen import encode_png
 from schemas import Action

@@ -15,8 +15,8 @@ from learner.dataset import VLADataset
 from learner.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
 from learner.policy_logprobs import grammar_masks, token_logprobs
 from learner.rl_losses import kl_to_reference
+from learner.sft import train_vla
 from learner.vla_export import export_bundle
-from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.processes import wait_until
-from flywheel.ops.dlq import read_dead_letters
+from flywheel.admin.dlq import read_dead_letters
 from lake.tables import EPISODES, SCHEMAS, STEPS, TRAINING_SAMPLES
-from processors.records import episode_records, step_records
+from processors.messages import episode_records, step_records
 from processors.scoring import EpisodeProgress, score_episode
 from schemas import (
     EpisodeEvent,

@@ -17,8 +17,8 @@ from learner.semi_online import (
     semi_online_update,
     sop,
 )
+from learner.sft import train_vla
 from learner.vla_export import export_bundle
-from learner.vla_sft import train_vla
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.screen import encode_png
@@ -132,10 +132,10 @@ def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
 
 def test_expert_trajectories_come_from_the_delta_tables_with_their_boxes(tmp_path):
     from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
-    from learner.data import load_trajectories
+    from learner.training_tables import load_trajectories
     from processors.curation import Curated
     from processors.delta_sink import DeltaSink, Record
-    from processors.rows import episode_row, sample_rows, step_row
+    from processors.table_rows import episode_row, sample_rows, step_row
     from schemas import EpisodeEvent, StepEvent, Verify
 
     sinks = {t: DeltaSink(tmp_path, t) for t in (STEPS, EPISODES, TRAINING_SAMPLES)}

@@ -1,6 +1,6 @@
-"""The step's fields are StepEvent's (schemas/events.py), and processors.rows.step_row derives the `steps` row from
-them by the rule written beside it (STEP_EVENT_ONLY: fields the table does not hold; STEP_ROW_ONLY: columns only the
-row has). What is still written out by hand is held to them here, and each failure names the field:
+"""The step's fields are StepEvent's (schemas/events.py), and processors.table_rows.step_row derives the `steps` row
+from them by the rule written beside it (STEP_EVENT_ONLY: fields the table does not hold; STEP_ROW_ONLY: columns only
+the row has). What is still written out by hand is held to them here, and each failure names the field:
 
 * lake.tables.STEPS_SCHEMA, the columns' Arrow types (the lake cannot import the processors that make the rows);
 * the producers, which set the fields from what they have: the edge's step_event (from its step records), the
@@ -24,7 +24,7 @@ from flywheel.bench.synthetic import bench_step
 from lake.tables import STEPS_SCHEMA
 from policy.interface import Decision, Observation
 from policy.sampling import Sampling
-from processors.rows import STEP_COLUMNS, STEP_EVENT_ONLY, STEP_ROW_ONLY, step_row, struct_of
+from processors.table_rows import STEP_COLUMNS, STEP_EVENT_ONLY, STEP_ROW_ONLY, step_row, struct_of
 from schemas import Action, StepEvent, Verify
 from tests import factories
 
@@ -112,13 +112,13 @@ def leaf_paths(struct: type, prefix: str = "") -> list[str]:
 def test_every_field_of_the_event_is_a_column_of_its_own_or_event_only():
     fields = msgspec.structs.fields(StepEvent)
     problems = [
-        f"processors.rows.STEP_EVENT_ONLY lists {name!r}, which is not a field of StepEvent"
+        f"processors.table_rows.STEP_EVENT_ONLY lists {name!r}, which is not a field of StepEvent"
         for name in STEP_EVENT_ONLY
         if name not in {f.name for f in fields}
     ]
     held = set(STEP_COLUMNS.values())
     problems += [
-        f"StepEvent.{path} has no column of its own (another field's column has its name: processors.rows)"
+        f"StepEvent.{path} has no column of its own (another field's column has its name: processors.table_rows)"
         for path in leaf_paths(StepEvent)
         if path.split(".")[0] not in STEP_EVENT_ONLY and path not in held
     ]
@@ -131,18 +131,18 @@ def test_the_row_has_the_columns_of_the_table_schema():
     schema = set(STEPS_SCHEMA.names)
     problems = [
         f"column {column!r} (StepEvent.{STEP_COLUMNS[column]}) is not in lake.tables.STEPS_SCHEMA: add it with its "
-        "Arrow type, or list the field in processors.rows.STEP_EVENT_ONLY"
+        "Arrow type, or list the field in processors.table_rows.STEP_EVENT_ONLY"
         for column in STEP_COLUMNS
         if column not in schema
     ]
     problems += [
-        f"row-only column {column!r} (processors.rows.STEP_ROW_ONLY) is not in lake.tables.STEPS_SCHEMA"
+        f"row-only column {column!r} (processors.table_rows.STEP_ROW_ONLY) is not in lake.tables.STEPS_SCHEMA"
         for column in STEP_ROW_ONLY
         if column not in schema
     ]
     problems += [
         f"lake.tables.STEPS_SCHEMA's column {column!r} is filled by no field of StepEvent and is not in "
-        "processors.rows.STEP_ROW_ONLY"
+        "processors.table_rows.STEP_ROW_ONLY"
         for column in STEPS_SCHEMA.names
         if column not in row
     ]

@@ -13,7 +13,7 @@ from edge_client.episode import run_episode
 from edge_client.runner import step_event
 from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Decision, Observation
-from processors.rows import step_row
+from processors.table_rows import step_row
 from schemas import Action, Verify, decode_event, encode_event
 
 DOM = object()  # what the fake env's read_dom returns: the teacher checks it got it

@@ -14,10 +14,10 @@ from learner.config import VLATrainConfig
 from learner.dataset import VLADataset
 from learner.online_rl import step_credit_advantages
 from learner.semi_online import sop
+from learner.sft import train_vla
 from learner.stages import StageData, StageRun, run_stage
 from learner.teacher_labels import label_count, teacher_agreement, teacher_rows, verified_successes
 from learner.vla_export import export_bundle
-from learner.vla_sft import train_vla
 from policy.interface import Observation
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import encode_png

@@ -20,10 +20,10 @@ from learner.checkpoints import load_vla
 from learner.config import VLARecipe, VLATrainConfig
 from learner.dataset import VLADataset, click_positives, tokenizer_corpus
 from learner.lora import apply_lora, merge_lora
+from learner.sft import is_map_only_step, train_vla
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
 from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.vla_infer import torch_step
-from learner.vla_sft import is_map_only_step, train_vla
 from policy.pruning import (
     ANCHOR,
     FLAT,
@@ -48,7 +48,7 @@ RECIPE = VLARecipe(model=TINY, vocab_size=400, train=TRAIN)
 
 
 def expert_rows(tasks: tuple[str, ...], episodes: int, seed: int) -> list[dict]:
-    """One row per expert step, in the columns learner.data.load_samples returns."""
+    """One row per expert step, in the columns learner.training_tables.load_samples returns."""
     rows = []
     with GuiEnv(tasks[0]) as env:
         for task in tasks:

@@ -1,7 +1,7 @@
 """`flywheel bench learner`: samples/s of each learner update, FLOPs per sample and the share of this CPU's
 fp32 ceiling it reaches, per recipe and thread count, side by side in one run.
 
-    sft          one SFT step (learner.vla_sft.train_vla): forward, loss, backward, AdamW (a click-map recipe's
+    sft          one SFT step (learner.sft.train_vla): forward, loss, backward, AdamW (a click-map recipe's
                  full step: encoder, map and decoder)
     sft_clicks   one SFT step on click steps alone: a click-map recipe's map-only step (encoder and map, no
                  decoder pass: VLATrainConfig.map_only_fraction), any other recipe's full step on those steps
@@ -95,8 +95,8 @@ def collect_demos(tasks: tuple[str, ...], per_task: int, seed: int):
 def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> BenchData:
     """A short SFT of the recipe on the demonstrations, and its sampled rollouts (4 per seed, 2 seeds a task)."""
     from edge_client.env import EnvConfig, GuiEnv
+    from learner.sft import train_vla
     from learner.vla_export import export_bundle
-    from learner.vla_sft import train_vla
     from policy.runtime import VLAPolicy
     from policy.sampling import Sampling
 
@@ -129,7 +129,7 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
     from learner.offline_rl import OfflineRLConfig, train_offline_rl
     from learner.online_rl import OnlineRLConfig, ppo_update
     from learner.semi_online import SemiOnlineConfig, semi_online_update
-    from learner.vla_sft import train_vla
+    from learner.sft import train_vla
 
     sft = str(data.sft_checkpoint)
     if update == "sft":  # the full step: no map-only steps, whatever the recipe's share of them
@@ -196,9 +196,9 @@ def phases(profiler: Profiler):
     """An SFT step's phases: the batch (data), the model's forward, the loss, backward and the AdamW step."""
     import torch
 
-    from learner import dataset, vla, vla_sft
+    from learner import dataset, sft, vla
 
-    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (vla_sft, "sft_loss", "loss"),
+    wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (sft, "sft_loss", "loss"),
                (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     for owner, name, phase in wrapped:
@@ -218,7 +218,7 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
 
     from learner.checkpoints import load_vla
     from learner.dataset import VLADataset
-    from learner.vla_sft import sft_loss
+    from learner.sft import sft_loss
     from policy.pruning import keep_count
 
     torch.set_num_threads(threads)

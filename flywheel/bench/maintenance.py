@@ -29,7 +29,7 @@ from lake.pins import pinned
 from lake.tables import STEPS, open_table, scan, table_uri
 from processors.delta_sink import DeltaSink, Record
 from processors.maintenance import MaintenanceConfig, format_report, maintain_tables, table_stats
-from processors.rows import step_row
+from processors.table_rows import step_row
 
 PARTITIONS = 4  # Kafka partitions of the synthetic steps topic
 STEPS_PER_EPISODE = 5

@@ -49,7 +49,7 @@ from core.settings import Settings
 from core.stats import percentile
 from flywheel.bench.synthetic import bench_step, render_screens
 from flywheel.run.stack import local_stack
-from lake import objectstore
+from lake import s3proxy
 from lake.tables import STEPS, open_table, table_exists, table_uri
 from schemas import encode_event
 from streams.kafka_clients import make_consumer, make_producer
@@ -130,7 +130,7 @@ def visible_rows(settings: Settings) -> dict[str, list[tuple[float, float]]]:
         if not settings.uses_local_objectstore and settings.s3_endpoint != settings.local_s3_endpoint:
             raise ValueError("commit times on an external object store are not measured: use the local S3Proxy")
         bucket, key = split_uri(table_uri(settings.tables_dir, STEPS))
-        uri = objectstore.data_path(settings) / bucket / key
+        uri = s3proxy.data_path(settings) / bucket / key
     rows: dict[str, list[tuple[float, float]]] = {}
     for commit in sorted((uri / "_delta_log").glob("*.json")):
         visible_at = commit.stat().st_mtime_ns / 1e9
@@ -204,7 +204,7 @@ def run_bare_consumer(settings: Settings) -> None:
     """The baseline: a bare kafka-python consumer, no group, every steps partition assigned, resuming after the
     offsets in the Delta table; batches of BATCH_MAX records or BATCH_WITHIN_S seconds, like the faust sink."""
     from processors.delta_sink import DeltaSink
-    from processors.records import step_records
+    from processors.messages import step_records
     from processors.worker import BATCH_MAX, BATCH_WITHIN_S
 
     stop = threading.Event()

@@ -27,6 +27,7 @@ import polars as pl
 from core.console import jsonable, say
 from core.processes import Child, free_ports, wait_until
 from core.settings import TIER1_TASKS, Settings
+from flywheel.admin.dlq import read_dead_letters
 from flywheel.chaos.ledger import (
     check_dead_letters,
     check_episodes,
@@ -40,7 +41,6 @@ from flywheel.chaos.ledger import (
 )
 from flywheel.chaos.proxy import Proxy
 from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
-from flywheel.ops.dlq import read_dead_letters
 from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig, fleet_client, learner_args, worker_args
 from flywheel.run.fleet import edge_args
 from flywheel.run.stack import LocalStack, local_stack

@@ -37,7 +37,7 @@ RL set, the task drawn with a weight that falls when its recent groups were all-
 Evaluation: every RL-set task on the same `eval_episodes` held-out seeds (1,000,000+) for every arm and
 point, the Tier 1 tasks on their first `tier1_episodes`; the RL-set mean with a 95 % bootstrap CI, and each
 arm's paired difference to `sft` (core.stats). Rollouts run in one local browser through the fleet's own
-loop (edge_client.episode) and become the rows the pipeline would write (processors.rows, processors.scoring).
+loop (edge_client.episode) and become the rows the pipeline would write (processors.table_rows, processors.scoring).
 env_steps counts every environment step an arm's data cost: the demonstrations, the logged fleet when it
 reads it, its own online rollouts.
 
@@ -248,7 +248,7 @@ class Shared:
     def __init__(self, config: CurriculumConfig, env):
         from edge_client.experts import expert_for
         from learner.config import VLARecipe
-        from learner.vla_sft import train_vla
+        from learner.sft import train_vla
 
         self.config, self.dir, self.env = config, config.out / "shared", env
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -550,8 +550,8 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
     from learner.checkpoints import load_vla
+    from learner.sft import train_vla
     from learner.vla_export import export_bundle
-    from learner.vla_sft import train_vla
 
     config, stages, out = shared.config, ARMS[arm], shared.config.out / arm
     state_path = out / "state.json"

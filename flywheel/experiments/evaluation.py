@@ -250,7 +250,7 @@ def versus(model: dict, baseline: dict) -> dict:
     return out
 
 
-# The experiments' episodes as rows, as the pipeline would write and score them (processors.rows, scoring).
+# The experiments' episodes as rows, as the pipeline would write and score them (processors.table_rows, scoring).
 COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought", "action_type", "x", "y",
            "text", "key", "tokens", "token_logprobs", "seed", "model_version", "purpose", "weight", "score",
            "success", "target_box", "verify_ok", "temperature", "top_k", "teacher_action_type",
@@ -261,8 +261,8 @@ COLUMNS = ["episode_id", "step", "task", "instruction", "screenshot", "thought",
 def episode_rows(result, episode_id: str, version: str) -> list[dict]:
     """The rows (COLUMNS) of one episode run by edge_client.episode, as the pipeline would write and score them."""
     from edge_client.runner import step_event
-    from processors.rows import step_row
     from processors.scoring import EpisodeProgress, score_episode
+    from processors.table_rows import step_row
 
     events = [step_event(r, "curriculum", episode_id, result.task, result.seed, version) for r in result.records]
     progress = EpisodeProgress()
@@ -275,7 +275,7 @@ def episode_rows(result, episode_id: str, version: str) -> list[dict]:
 
 
 def to_frame(rows: list[dict]) -> pl.DataFrame:
-    from learner.data import ROLLOUT_TYPES
+    from learner.training_tables import ROLLOUT_TYPES
 
     types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32), "verify_ok": pl.Boolean, "x": pl.Float64,
                              "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64, "temperature": pl.Float64,

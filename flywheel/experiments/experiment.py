@@ -81,7 +81,7 @@ def run_arm(
 ) -> list[dict]:
     """Train one arm up to each of its eval_at steps and evaluate there; returns its evaluations in step order."""
     from learner.config import VLARecipe
-    from learner.vla_sft import train_vla
+    from learner.sft import train_vla
 
     recipe = VLARecipe.from_dict(merged(base, arm))
     fraction = float(arm.get("fraction", 1.0))

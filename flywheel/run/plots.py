@@ -20,7 +20,7 @@ from core.object_store import Location
 log = logging.getLogger(__name__)
 
 
-# query_range(promql, start, end, step_s) -> Prometheus' range result (flywheel.ops.observe), None: no Prometheus
+# query_range(promql, start, end, step_s) -> Prometheus' range result (flywheel.admin.observe), None: no Prometheus
 QueryRange = Callable[[str, float, float, float], list[dict]]
 
 

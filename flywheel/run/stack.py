@@ -20,7 +20,7 @@ from pathlib import Path
 from core.object_store import join
 from core.processes import Child
 from core.settings import Settings, settings_env
-from lake import objectstore
+from lake import s3proxy
 from registry.signing import load_or_create_key, trust
 from streams import local_broker
 from streams.roles import role_settings, uses_roles
@@ -146,7 +146,7 @@ def local_stack(
     its own, so runs never read each other's events or models. `env` goes to every child (e.g. metrics discovery).
     `machines`: each child as on a machine of its own (LocalStack.machines).
     """
-    with objectstore.running_objectstore(settings) as reachable:
+    with s3proxy.running_objectstore(settings) as reachable:
         settings = run_settings(reachable, run, data_dir)
         with local_broker.running_broker(settings):
             stack = LocalStack(settings, logs, {**child_env(settings), **(env or {})}, machines=machines)

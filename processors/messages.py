@@ -1,4 +1,4 @@
-"""Kafka records -> sink records: what the faust worker, the replay and the bare-consumer benchmark all do
+"""Kafka messages -> sink records: what the faust worker, the replay and the bare-consumer benchmark all do
 to a batch, as functions of the batch. Messages need topic, partition, offset and value (kafka-python's
 ConsumerRecord and faust's Message both have them)."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from processors.curation import curate_batch
 from processors.delta_sink import Record
-from processors.rows import episode_row, sample_rows, step_row
+from processors.table_rows import episode_row, sample_rows, step_row
 from schemas import EpisodeEvent, EventDecodeError, StepEvent, decode_event
 
 Dead = tuple[object, EventDecodeError]  # a message that is not a valid event, and why

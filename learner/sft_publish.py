@@ -15,11 +15,11 @@ from core.settings import Settings
 from lake.pins import pinned
 from learner import distributed, metrics
 from learner.config import LearnConfig
-from learner.data import load_samples, table_versions
 from learner.publish import publish_artifact
+from learner.sft import train_vla
 from learner.training_run import VLAProgress
+from learner.training_tables import load_samples, table_versions
 from learner.vla_export import export_bundle
-from learner.vla_sft import train_vla
 from registry.store import read_manifest, resolve_model
 from streams.model_versions import latest_by_channel
 

@@ -44,7 +44,7 @@ def train_vla(
     progress: Callable[[VLAProgress], None] | None = None,
     stop_at: int | None = None,
 ) -> VLAResult:
-    """Train the VLA on `frame` (columns of learner.data.SFT_COLUMNS) with `recipe.train` and write
+    """Train the VLA on `frame` (columns of learner.training_tables.SFT_COLUMNS) with `recipe.train` and write
     out_dir/vla_checkpoint.pt.
 
     Resumes from out_dir's checkpoint when there is one. Otherwise starts from `init_checkpoint` (its

@@ -90,7 +90,7 @@ def _kafka(settings: Settings) -> dict:
 
 
 def _live(url: str) -> dict | None:
-    from flywheel.ops.observe import query
+    from flywheel.admin.observe import query
 
     def scalar(expr: str) -> float:
         result = query(url, expr)

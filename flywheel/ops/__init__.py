@@ -1,2 +1,0 @@
-"""The operator's wing (floor 1 of flywheel/): Prometheus for a run and its queries, `flywheel status`, the canary
-controller, the dead letters, replaying the log into tables, table maintenance. Imports no other wing."""
