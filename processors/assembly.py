@@ -47,6 +47,7 @@ from core.object_store import Location
 from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS
 from processors.scoring import EpisodeProgress, score_abandoned, score_episode
+from processors.table_rows import utc_date
 from schemas import EpisodeEvent, StepEvent
 
 
@@ -140,22 +141,23 @@ class EpisodeAssembler:
         if steps is None:
             return
         now = self.clock()
-        recent = steps.filter(pl.col("kafka_partition").is_in(sorted(partitions))
-                              & (pl.col("produced_at") > now - self.recover_horizon_s))  # fmt: skip
-        clocks = recent.group_by("kafka_partition").agg(pl.col("produced_at").max()).collect()
-        for partition, newest in clocks.iter_rows():
+        since = now - self.recover_horizon_s
+        recent = (  # the date filter prunes the table's date partitions; one read of the few columns needed
+            steps.filter((pl.col("date") >= utc_date(since)) & (pl.col("produced_at") > since)
+                         & pl.col("kafka_partition").is_in(sorted(partitions)))
+            .select("episode_id", "kafka_partition", "step", "done", "task", "client_id", "model_version", "seed",
+                    "produced_at", "reward", "verify_ok")
+            .collect()
+        )  # fmt: skip
+        for partition, newest in recent.group_by("kafka_partition").agg(pl.col("produced_at").max()).iter_rows():
             self._advance(partition, min(newest, now))
             self.arrived[partition] = now
-        unfinished = (
-            recent.group_by("episode_id").agg(pl.col("done").any()).filter(~pl.col("done")).select("episode_id")
-        )
+        unfinished = recent.group_by("episode_id").agg(pl.col("done").any()).filter(~pl.col("done"))
         episodes = scan_table(self.tables_dir, EPISODES)
-        if episodes is not None:
-            unfinished = unfinished.join(episodes.select("episode_id"), on="episode_id", how="anti")
-        rows = (recent.join(unfinished, on="episode_id", how="semi")
-                .select("episode_id", "kafka_partition", "step", "task", "client_id", "model_version", "seed",
-                        "produced_at", "reward", "verify_ok")
-                .sort("produced_at").collect())  # fmt: skip
+        if episodes is not None and unfinished.height:
+            closed = episodes.filter(pl.col("episode_id").is_in(unfinished["episode_id"].to_list()))
+            unfinished = unfinished.join(closed.select("episode_id").collect(), on="episode_id", how="anti")
+        rows = recent.join(unfinished.select("episode_id"), on="episode_id", how="semi").sort("produced_at")
         known = set(self.open) | set(self.closed)
         for row in rows.iter_rows(named=True):
             if row["episode_id"] in known:
