@@ -36,19 +36,22 @@ class EpisodeProgress:
     verified: dict[int, bool | None] = field(default_factory=dict)
 
     def add(self, step: StepEvent) -> None:
-        self.add_row({"episode_id": step.episode_id, "step": step.step, "task": step.task, "client_id": step.client_id,
-                      "model_version": step.model_version, "seed": step.seed, "produced_at": step.produced_at,
-                      "reward": step.reward, "verify_ok": step.verify.ok})  # fmt: skip
+        self._record(step.episode_id, step.step, step.task, step.client_id, step.model_version, step.seed,
+                     step.produced_at, step.reward, step.verify.ok)  # fmt: skip
 
     def add_row(self, row: dict) -> None:
         """Add a step given as its `steps` row (those columns at least: a step recovered from Delta)."""
+        self._record(row["episode_id"], row["step"], row["task"], row["client_id"], row["model_version"], row["seed"],
+                     row["produced_at"], row["reward"], row["verify_ok"])  # fmt: skip
+
+    def _record(self, episode_id: str, step: int, task: str, client_id: str, model_version: str, seed: int | None,
+                produced_at: float, reward: float, verify_ok: bool | None) -> None:  # fmt: skip
         if not self.verified:
-            self.task, self.client_id, self.model_version = row["task"], row["client_id"], row["model_version"]
-            self.episode_id, self.seed = row["episode_id"], row["seed"]
-            self.first_produced_at = row["produced_at"]
-        if row["step"] >= self.last_step:
-            self.last_step, self.last_produced_at, self.last_reward = row["step"], row["produced_at"], row["reward"]
-        self.verified[row["step"]] = row["verify_ok"]
+            self.task, self.client_id, self.model_version = task, client_id, model_version
+            self.episode_id, self.seed, self.first_produced_at = episode_id, seed, produced_at
+        if step >= self.last_step:
+            self.last_step, self.last_produced_at, self.last_reward = step, produced_at, reward
+        self.verified[step] = verify_ok
 
 
 def step_efficiency(steps: int, reference_steps: int = 1) -> float:
