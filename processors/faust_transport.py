@@ -11,6 +11,13 @@
    against one future per fetched batch that completes on the same three conditions. Semantics are
    faust's: a delivery still pending when the flow is suspended (a rebalance) or the consumer stops is
    cancelled, like the deliveries that follow while it stays suspended.
+3. A rewind that reaches partitions nothing was committed for yet. faust seeks every assigned partition back to
+   its committed offset whenever it resumes the flow (after a rebalance, and when asked to fetch while the flow is
+   stopped), and drops the events its stream queues held. aiokafka's `seek_to_committed` seeks only where an
+   offset above 0 is committed, so a partition without one kept the fetch position past the dropped events: the
+   30-minute chaos run lost the first record of an episodes partition (offset 0, read during the group's first
+   rebalance) that way. Such a partition is rewound to its beginning instead, the consumer's `earliest` reset; the
+   Delta sinks drop what they already hold by offset.
 """
 
 from __future__ import annotations
@@ -28,11 +35,24 @@ SCHEME = "flywheel-kafka"
 FETCH_MAX_WAIT_MS = 100
 
 
+async def rewind_to_committed(consumer: aiokafka.AIOKafkaConsumer) -> dict[aiokafka.TopicPartition, int | None]:
+    """Seek every assigned partition to its committed offset, and one with none committed (or 0) to its beginning;
+    return the committed offsets (None where there is none), as aiokafka's `seek_to_committed` does."""
+    committed = await consumer.seek_to_committed()
+    uncommitted = [tp for tp, offset in committed.items() if not offset]
+    if uncommitted:
+        await consumer.seek_to_beginning(*uncommitted)
+    return committed
+
+
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when start() builds the fetcher
         return consumer
+
+    async def seek_to_committed(self) -> dict[aiokafka.TopicPartition, int | None]:
+        return await self.call_thread(rewind_to_committed, self._ensure_consumer())
 
 
 class Consumer(faust_aiokafka.Consumer):
