@@ -19,7 +19,7 @@ CHECKPOINT_NAME = "vla_checkpoint.pt"
 
 
 def save_checkpoint(path: Path, model: VLA, tok: ActionTokenizer, optimizer, step: int, train: VLATrainConfig,
-                    pruning: PruningConfig, rng_state: dict) -> None:  # fmt: skip
+                    pruning: PruningConfig, rng_state: dict, sampler: dict | None = None) -> None:  # fmt: skip
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
@@ -31,6 +31,7 @@ def save_checkpoint(path: Path, model: VLA, tok: ActionTokenizer, optimizer, ste
             "step": step,
             "train_config": asdict(train),
             "rng": rng_state,
+            "sampler": sampler or {},  # what the sampler learned as it went (TaskLossWeights), beside its rng
         },
         tmp,
     )

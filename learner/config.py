@@ -69,8 +69,13 @@ class VLATrainConfig:
     """How full steps draw their batch: "rows" uniformly over steps (multi-step tasks fill the batches), "tasks"
     a task uniformly, then one of its steps, or "episodes" a task with probability proportional to its mean
     episode length, then one of its steps: every task's episodes are trained alike, step for step, so a
-    five-step typing task gets five times a one-click task's decoder samples. Map-only steps are task-balanced
-    over click steps whatever this says."""
+    five-step typing task gets five times a one-click task's decoder samples. Map-only steps draw their click
+    steps as `map_balance` says, whatever this says."""
+    map_balance: str = "tasks"
+    """How map-only steps draw their click steps: "tasks" a click task uniformly, then one of its click steps, or
+    "loss" a task with probability half uniform and half proportional to its running map NLL
+    (learner.dataset.TaskLossWeights; kept in the checkpoint), so the map's samples go where it is still wrong
+    rather than to tasks it already solves. One process only (its weights follow that process's rows)."""
     augment_shift_px: int = 0
     """Training views (learner.augment): largest random shift in pixels, each axis; 0: none."""
     augment_scale: float = 0.0

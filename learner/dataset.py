@@ -21,6 +21,7 @@ from policy.tokens import ActionTokenizer, char_ids, short_thought
 from schemas import Action
 
 BALANCES = ("rows", "tasks", "episodes")
+MAP_BALANCES = ("tasks", "loss")
 
 
 class VLADataset:
@@ -80,6 +81,9 @@ class VLADataset:
         self.tasks = frame["task"].to_numpy() if "task" in frame.columns else np.full(frame.height, "")
         self.by_task = _rows_by_task(self.tasks, self.trainable)
         self.clicks_by_task = _rows_by_task(self.tasks, self.trainable[self.positional[self.trainable]])
+        self.click_task_of = np.full(frame.height, -1, dtype=np.int64)  # row -> its index in clicks_by_task
+        for group, rows in enumerate(self.clicks_by_task):
+            self.click_task_of[rows] = group
         # (tasks,) each task's mean trainable steps per episode, normalised: the "episodes" balance's task weights.
         episodes = frame["episode_id"].to_numpy()
         lengths = np.array([len(rows) / len(set(episodes[rows])) for rows in self.by_task])
@@ -89,19 +93,22 @@ class VLADataset:
         return len(self.action)
 
     def sample(self, rng: np.random.Generator, size: int, balance: str = "rows",
-               clicks_only: bool = False) -> np.ndarray:  # fmt: skip
+               clicks_only: bool = False, task_weights: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """(size,) trainable rows drawn with replacement, as `balance` says (learner.config.VLATrainConfig):
         "rows" uniformly (the same draws as before context rows existed when every row is trainable: a seeded
         run's weights do not change), "tasks" a task uniformly, then one of its rows, "episodes" a task with
         probability proportional to its mean episode length, then one of its rows. `clicks_only`: rows whose
-        action has a screen target (click, scroll), task-balanced."""
+        action has a screen target (click, scroll), a task drawn uniformly or with `task_weights` (one probability
+        per click task, TaskLossWeights)."""
         if balance not in BALANCES:
             raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
         if clicks_only or balance != "rows":
             groups = self.clicks_by_task if clicks_only else self.by_task
             if not groups:
                 raise ValueError("no trainable click steps to sample" if clicks_only else "no trainable rows to sample")
-            if clicks_only or balance == "tasks":
+            if clicks_only and task_weights is not None:
+                picks = rng.choice(len(groups), size=size, p=task_weights)
+            elif clicks_only or balance == "tasks":
                 picks = rng.integers(0, len(groups), size=size)
             else:
                 picks = rng.choice(len(groups), size=size, p=self.episode_length_by_task)
@@ -196,6 +203,28 @@ def click_positives(point: tuple[float, float] | None, box: tuple[float, ...] | 
     x, y = point
     positives[min(max(int(y // bin_px), 0), ny - 1), min(max(int(x // bin_px), 0), nx - 1)] = True
     return positives
+
+
+class TaskLossWeights:
+    """map_balance "loss": the probability of drawing each click task for a map-only batch, half uniform and half
+    proportional to the task's running map NLL (an exponential moving average over the batches that drew it). The
+    uniform half keeps every task visited, so a solved task that starts to slip is seen again."""
+
+    def __init__(self, tasks: int, decay: float = 0.9, nll: list[float] | None = None):
+        self.decay = decay
+        self.nll = np.array(nll, dtype=np.float64) if nll else np.ones(tasks)  # (tasks,)
+        if len(self.nll) != tasks:
+            raise ValueError(f"the checkpoint's map loss has {len(self.nll)} click tasks, the data {tasks}")
+
+    def probabilities(self) -> np.ndarray:
+        """(tasks,) sums to 1."""
+        return 0.5 * self.nll / self.nll.sum() + 0.5 / len(self.nll)
+
+    def update(self, groups: np.ndarray, row_nll: np.ndarray) -> None:
+        """A batch's click tasks (B,) and each row's map NLL (B,); rows without a target (NaN) are left out."""
+        for group in np.unique(groups[~np.isnan(row_nll)]):
+            seen = row_nll[(groups == group) & ~np.isnan(row_nll)].mean()
+            self.nll[group] = self.decay * self.nll[group] + (1.0 - self.decay) * seen
 
 
 def _rows_by_task(tasks: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:

@@ -27,10 +27,10 @@ from tqdm import tqdm
 from learner import distributed
 from learner.checkpoints import load_vla
 from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset, tokenizer_corpus
+from learner.dataset import MAP_BALANCES, TaskLossWeights, VLADataset, tokenizer_corpus
 from learner.lora import apply_lora
 from learner.training_run import VLAProgress, VLAResult, lr_at, open_run
-from learner.vla import VLA, VLAConfig, click_map_loss, click_map_nll, vla_loss
+from learner.vla import VLA, VLAConfig, click_map_loss, click_map_row_nll, vla_loss
 from policy.pruning import PruningConfig, keep_count
 from policy.tokens import ActionTokenizer, train_tokenizer
 
@@ -71,6 +71,7 @@ def train_vla(
     run = open_run(out_dir, config, fresh)
     model, tok, rng, optimizer = run.model, run.tok, run.rng, run.optimizer
     data, augmentation = VLADataset(frame, tok, model.cfg, run.pruning), config.augmentation
+    map_weights = _map_task_weights(config, data, run.sampler)
 
     losses: list[float] = []
     model.train()
@@ -86,12 +87,18 @@ def train_vla(
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
         map_only = model.cfg.click_map and is_map_only_step(step, config.map_only_fraction)
         # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
-        idx = data.sample(rng, config.batch_size, config.balance, clicks_only=map_only)
+        task_weights = map_weights.probabilities() if map_only and map_weights is not None else None
+        idx = data.sample(rng, config.batch_size, config.balance, clicks_only=map_only, task_weights=task_weights)
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
         if map_only:  # the encoder and its map alone: no decoder pass for steps with nothing to write
             _, _, click_map = net(batch["image"], None, batch["instruction_ids"], batch["instruction_chars"], None, 0)
-            relevance_nll = click_map_nll(click_map, batch["positives"])
+            has_target = batch["positives"].flatten(1).any(1)  # (B,)
+            row_nll = click_map_row_nll(click_map, batch["positives"])  # (B,), +inf where no target
+            relevance_nll = row_nll[has_target].mean() if has_target.any() else click_map.sum() * 0.0
             total, token_nll = config.map_weight * relevance_nll, relevance_nll * 0.0
+            if map_weights is not None:
+                map_weights.update(data.click_task_of[idx], row_nll.detach().where(has_target, torch.nan).numpy())
+                run.sampler["map_task_nll"] = map_weights.nll.tolist()
         else:
             logits, relevance, click_map = net(batch["image"], batch["prior"], batch["instruction_ids"],
                                                batch["instruction_chars"], batch["text_ids"], keep)  # fmt: skip
@@ -114,6 +121,17 @@ def train_vla(
             progress(VLAProgress(done, config.steps, losses[-1], token_nll.item(), relevance_nll.item(), lr, rate))
     bar.close()
     return run.finish(max(end, run.start_step), losses)
+
+
+def _map_task_weights(config: VLATrainConfig, data: VLADataset, sampler: dict) -> TaskLossWeights | None:
+    """map_balance "loss": the click tasks' weights, continued from the checkpoint's; None for "tasks"."""
+    if config.map_balance not in MAP_BALANCES:
+        raise ValueError(f"map_balance must be one of {MAP_BALANCES}, got {config.map_balance!r}")
+    if config.map_balance == "tasks":
+        return None
+    if distributed.world()[1] > 1:  # each process would weigh its own slice's rows and draw other batches
+        raise ValueError('map_balance "loss" trains on one process only')
+    return TaskLossWeights(len(data.clicks_by_task), nll=sampler.get("map_task_nll"))
 
 
 def is_map_only_step(step: int, fraction: float) -> bool:

@@ -75,6 +75,7 @@ class TrainingRun:
     rng: np.random.Generator
     optimizer: torch.optim.Optimizer
     start_step: int
+    sampler: dict = field(default_factory=dict)  # the sampler's state beyond its rng, saved with every checkpoint
     started_wall: float = field(default_factory=time.perf_counter)
     started_cpu: float = field(default_factory=time.process_time)
 
@@ -95,7 +96,7 @@ class TrainingRun:
         if distributed.is_main():
             (path or self.checkpoint_path).parent.mkdir(parents=True, exist_ok=True)
             save_checkpoint(path or self.checkpoint_path, self.model, self.tok, self.optimizer, step, self.config,
-                            self.pruning, self.rng.bit_generator.state)  # fmt: skip
+                            self.pruning, self.rng.bit_generator.state, self.sampler)  # fmt: skip
 
     def finish(self, steps: int, losses: list[float]) -> VLAResult:
         """The final checkpoint, and the trained model (LoRA merged, eval mode) with the run's figures."""
@@ -137,4 +138,5 @@ def open_run(
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
     step = int(state["step"]) if state is not None else 0
-    return TrainingRun(out, config, model, tok, pruning, rng, optimizer, step)
+    sampler = dict(state.get("sampler") or {}) if state is not None else {}
+    return TrainingRun(out, config, model, tok, pruning, rng, optimizer, step, sampler)

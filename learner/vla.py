@@ -575,8 +575,12 @@ def click_map_nll(click_map: torch.Tensor, positives: torch.Tensor) -> torch.Ten
     has_target = positives.flatten(1).any(1)  # (B,)
     if not has_target.any():
         return click_map.sum() * 0.0
-    inside = click_map.masked_fill(~positives, float("-inf")).flatten(1).logsumexp(1)  # (B,) log P(box)
-    return -inside[has_target].mean()
+    return click_map_row_nll(click_map, positives)[has_target].mean()
+
+
+def click_map_row_nll(click_map: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's -log P(its target's box); +inf for a row without a target (click_map_nll leaves those out)."""
+    return -click_map.masked_fill(~positives, float("-inf")).flatten(1).logsumexp(1)
 
 
 def target_patch_nll(relevance: torch.Tensor, target_patch: torch.Tensor) -> torch.Tensor:

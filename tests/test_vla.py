@@ -18,7 +18,7 @@ from edge_client.experts import expert_for
 from learner.augment import random_view
 from learner.checkpoints import load_vla
 from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset, click_positives, tokenizer_corpus
+from learner.dataset import TaskLossWeights, VLADataset, click_positives, tokenizer_corpus
 from learner.lora import apply_lora, merge_lora
 from learner.sft import is_map_only_step, train_vla
 from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
@@ -546,6 +546,36 @@ def test_the_map_learns_and_its_pretraining_leaves_the_decoder_alone(trained_map
                if not torch.equal(p, dict(start.model.named_parameters())[name])}  # fmt: skip
     assert any(name.startswith("encoder.") for name in changed)
     assert not any(name.startswith("decoder.") for name in changed)
+
+
+def test_loss_weights_draw_the_map_towards_the_tasks_it_still_gets_wrong():
+    weights = TaskLossWeights(3)
+    assert np.allclose(weights.probabilities(), 1 / 3)
+    for _ in range(50):  # task 0 solved, task 2 still wrong; a row without a target (NaN) counts for nothing
+        weights.update(np.array([0, 0, 1, 2, 2, 1]), np.array([0.01, 0.01, 1.0, 4.0, 4.0, np.nan]))
+    p = weights.probabilities()
+    assert p[2] > p[1] > p[0] >= 0.5 / 3 and np.isclose(p.sum(), 1.0)  # the uniform half: no task starves
+    with pytest.raises(ValueError, match="click tasks"):
+        TaskLossWeights(2, nll=[1.0, 2.0, 3.0])  # a checkpoint's weights for other data
+
+
+def test_a_loss_balanced_map_run_resumes_with_the_same_weights_and_draws(frame, tmp_path):
+    config = VLATrainConfig(**{**TRAIN.__dict__, "steps": 12, "map_only_fraction": 1.0, "map_balance": "loss",
+                               "checkpoint_every": 6})  # fmt: skip
+    recipe = VLARecipe(model=MAP, vocab_size=400, train=config)
+    whole = train_vla(frame, recipe, tmp_path / "whole")
+    train_vla(frame, recipe, tmp_path / "half", stop_at=6)
+    resumed = train_vla(frame, recipe, tmp_path / "half")
+    assert resumed.start_step == 6
+    sampler = [torch.load(tmp_path / run / "vla_checkpoint.pt", weights_only=True)["sampler"]
+               for run in ("whole", "half")]  # fmt: skip
+    assert sampler[0] == sampler[1] and len(sampler[0]["map_task_nll"]) == 3  # enter-text clicks its field too
+    assert sampler[0]["map_task_nll"] != [1.0, 1.0, 1.0]  # the weights moved off their start
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    unknown = VLARecipe(model=MAP, vocab_size=400, train=replace(config, map_balance="hard"))
+    with pytest.raises(ValueError, match="map_balance"):
+        train_vla(frame, unknown, tmp_path / "unknown")
 
 
 def test_pruning_never_drops_the_maps_top_cells():
