@@ -30,7 +30,7 @@ from learner.config import VLARecipe, VLATrainConfig
 from learner.dataset import MAP_BALANCES, TaskLossWeights, VLADataset, tokenizer_corpus
 from learner.lora import apply_lora
 from learner.training_run import VLAProgress, VLAResult, lr_at, open_run
-from learner.vla import VLA, VLAConfig, click_map_loss, click_map_row_nll, vla_loss
+from learner.vla import VLA, VLAConfig, click_map_loss, click_map_nll, click_map_row_nll, vla_loss
 from policy.pruning import PruningConfig, keep_count
 from policy.tokens import ActionTokenizer, train_tokenizer
 
@@ -92,12 +92,12 @@ def train_vla(
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
         if map_only:  # the encoder and its map alone: no decoder pass for steps with nothing to write
             _, _, click_map = net(batch["image"], None, batch["instruction_ids"], batch["instruction_chars"], None, 0)
-            has_target = batch["positives"].flatten(1).any(1)  # (B,)
-            row_nll = click_map_row_nll(click_map, batch["positives"])  # (B,), +inf where no target
-            relevance_nll = row_nll[has_target].mean() if has_target.any() else click_map.sum() * 0.0
+            relevance_nll = click_map_nll(click_map, batch["positives"])
             total, token_nll = config.map_weight * relevance_nll, relevance_nll * 0.0
             if map_weights is not None:
-                map_weights.update(data.click_task_of[idx], row_nll.detach().where(has_target, torch.nan).numpy())
+                has_target = batch["positives"].flatten(1).any(1)  # (B,)
+                row_nll = click_map_row_nll(click_map.detach(), batch["positives"])  # (B,), +inf where no target
+                map_weights.update(data.click_task_of[idx], row_nll.where(has_target, torch.nan).numpy())
                 run.sampler["map_task_nll"] = map_weights.nll.tolist()
         else:
             logits, relevance, click_map = net(batch["image"], batch["prior"], batch["instruction_ids"],
