@@ -74,6 +74,38 @@ def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path()
     assert sum(r.success for r in fast) / len(fast) > 0.9
 
 
+# Chromium's software rasteriser anti-aliases a rounded corner one level apart from one load to the next: on
+# click-dialog's first screen, 5 corner pixels of the dialog at 245 vs 246 in 1 of 5 runs of this test, on
+# either path. A screen that differs by more than that (a caret, a moved element, a half-finished animation)
+# still fails.
+RASTER_NOISE_LEVELS = 1
+RASTER_NOISE_PIXELS = 16
+
+
+def rendering_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """None when two screenshots agree up to the rasteriser's noise; else (pixels that differ, the largest
+    difference in any channel)."""
+    differing = (a != b).any(axis=-1)
+    largest = int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+    if largest <= RASTER_NOISE_LEVELS and int(differing.sum()) <= RASTER_NOISE_PIXELS:
+        return None
+    return int(differing.sum()), largest
+
+
+def test_rendering_noise_is_one_level_on_a_few_pixels_and_nothing_more() -> None:
+    screen = np.full((210, 160, 3), 245, np.uint8)
+    corner = screen.copy()
+    corner[[71, 153, 154], [124, 124, 14]] = 246  # the corner pixels seen to flicker
+    caret = screen.copy()
+    caret[40:52, 60] = 0  # a caret: one column, far more than one level
+    shifted = screen.copy()
+    shifted[100:140, 20:60] = 246  # a box one level lighter: too many pixels to be noise
+    assert rendering_difference(screen, screen) is None
+    assert rendering_difference(screen, corner) is None
+    assert rendering_difference(screen, caret) == (12, 245)
+    assert rendering_difference(screen, shifted) == (1600, 1)
+
+
 def test_the_released_model_acts_alike_on_every_screen_of_the_previous_and_the_fast_path() -> None:
     from policy.runtime import load_policy
 
@@ -86,9 +118,13 @@ def test_the_released_model_acts_alike_on_every_screen_of_the_previous_and_the_f
 
     previous, fast = runs["previous"], runs["fast"]
     assert [trajectory(r) for r in fast] == [trajectory(r) for r in previous]
-    for a, b in zip(previous, fast, strict=True):  # the model saw the same pixels at every step
-        screens = zip(a.records, b.records, strict=True)
-        assert all(np.array_equal(x.obs.screenshot, y.obs.screenshot) for x, y in screens)
+    unlike = [  # the model saw the same pixels at every step, up to the rasteriser's noise
+        (a.task, a.seed, k, differing)
+        for a, b in zip(previous, fast, strict=True)
+        for k, (x, y) in enumerate(zip(a.records, b.records, strict=True))
+        if (differing := rendering_difference(x.obs.screenshot, y.obs.screenshot)) is not None
+    ]
+    assert not unlike, unlike
     assert 0 < sum(r.success for r in fast) < len(fast)  # both outcomes occur, so agreement is not trivial
 
 
