@@ -283,6 +283,9 @@ def _release(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="configs/vla_release.json")
     p.add_argument("--work", default="runs/release", help="demonstrations, checkpoints and logs")
     p.add_argument("--release-dir", default=None, help="where model.vla + manifest.json go (default: ./release)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train this many steps instead of the recipe's train.steps (e.g. an equal-CPU A/B); "
+                        "the manifest's config records it")  # fmt: skip
     p.set_defaults(func=cmd_release)
 
 
@@ -291,7 +294,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     from registry.store import RELEASE_DIR
 
     release_dir = Path(args.release_dir) if args.release_dir else RELEASE_DIR
-    manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings())
+    manifest = run_release(Path(args.config), Path(args.work), release_dir, get_settings(), steps=args.steps)
     print(json.dumps({k: manifest[k] for k in ("version", "sha256", "training", "wall_s")}))
     return 0
 

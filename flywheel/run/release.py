@@ -152,9 +152,10 @@ def per_task(frame: pl.DataFrame, train) -> dict[str, dict]:
     return out
 
 
-def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings) -> dict:
-    recipe = VLARecipe.load(config_path)
-    config = recipe.raw
+def run_release(config_path: Path, work: Path, release_dir: Path, settings: Settings, steps: int | None = None) -> dict:
+    """`steps`: train this many steps instead of the recipe's (recorded in the manifest's config)."""
+    recipe = VLARecipe.load(config_path, steps=steps)
+    config = recipe.raw if steps is None else {**recipe.raw, "train": {**recipe.raw.get("train", {}), "steps": steps}}
     seed = int(config["seed"])
     started = time.monotonic()
     collections = release_demonstrations(config, work, settings)
