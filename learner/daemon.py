@@ -1,7 +1,8 @@
 """`flywheel learner`: the continuous learner. It follows the tables, trains the curriculum's current stage,
 publishes a signed version every N new episodes or T minutes, and never makes the fleet wait.
 
-    no version yet            -> SFT on the demonstrations (and successes) in training_samples
+    no version yet            -> SFT on the demonstrations (and successes) in training_samples: a fresh model
+                                 of the recipe, or `start_from` (e.g. the shipped release) fine-tuned
     curriculum "supervised" (the default): every later version is retrained from the SFT model, at the SFT
     rate, on the demonstrations + every teacher label in the steps table (DAgger's aggregate, stage
     "dagger"), or, while no label was ever given (a teacher budget of 0), + the fleet's verified successes
@@ -171,8 +172,9 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     at = "-".join(str(v) for v in versions.values())
     rl_train = rl_train_config(recipe, config)
     if stage == "sft":
-        sft_train = replace(recipe.train, steps=config.sft_steps) if config.sft_steps else recipe.train
-        return run_stage(StageRun("sft", sft_train, work / f"sft-at-{at}", recipe=recipe),
+        sft_train = rl_train if config.start_from else recipe.train  # a trained start is fine-tuned, like a retrain
+        sft_train = replace(sft_train, steps=config.sft_steps) if config.sft_steps else sft_train
+        return run_stage(StageRun("sft", sft_train, work / f"sft-at-{at}", start=config.start_from, recipe=recipe),
                          StageData(demos=load_samples(tables, ("demo", "success"), versions)))  # fmt: skip
     if stage in ("dagger", "self_imitation"):
         # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.

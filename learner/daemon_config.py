@@ -21,6 +21,10 @@ class DaemonConfig:
     """VLA recipe of the SFT stage: 'demo', 'release' (configs/vla_<name>.json) or a path."""
     sft_steps: int = 0
     """Optimizer steps of the SFT stage (0: the recipe's)."""
+    start_from: str = ""
+    """A trained model's weights (learner.checkpoints.save_weights, e.g. release/model.pt): the first version is
+    this model fine-tuned on the demonstrations, sft_steps at rl_lr like a retrain, instead of a fresh model of the
+    recipe ("": fresh). Its architecture and tokenizer are the start's; the recipe gives the training settings."""
     min_demos: int = 20
     """Successful demonstration episodes in the tables before the first (SFT) version is trained."""
     every_episodes: int = 64

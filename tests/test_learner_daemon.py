@@ -4,6 +4,7 @@ SFT on demonstrations -> offline RL once failures are logged -> online RL on fre
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,37 @@ def test_the_daemon_walks_sft_offline_online_and_publishes_each(stack, tmp_path)
     assert [v["stage"] for v in state.versions] == ["sft", "offline_rl", "online_rl"]
     assert state.versions[-1]["fresh_episodes"] >= 16
     assert DaemonState.load(settings.learner_dir / "daemon" / "state.json") == state  # resumable
+
+
+def test_a_first_version_started_from_a_trained_model_fine_tunes_it_like_a_retrain(stack, tmp_path):
+    import shutil
+
+    import torch
+
+    from learner.checkpoints import load_vla, save_weights
+
+    settings, recipe, _ = demonstrated(stack, tmp_path)
+    first = run_daemon(settings, DaemonConfig(recipe=recipe, poll_s=0.2, min_demos=12, max_versions=1))
+    shipped = save_weights(tmp_path / "shipped.pt", *load_vla(first.checkpoint))  # what a release ships
+    shutil.rmtree(settings.learner_dir / "daemon")  # a new fleet's learner, on the same tables
+
+    config = DaemonConfig(recipe=recipe, poll_s=0.2, min_demos=12, max_versions=1, start_from=str(shipped),
+                          sft_steps=4, rl_lr=1e-4)  # fmt: skip
+    state = run_daemon(settings, config)
+    assert [v["stage"] for v in state.versions] == ["sft"]
+    assert read_manifest(settings.artifacts_dir, state.version)["stage_steps"] == 4
+    trained = torch.load(state.checkpoint, map_location="cpu", weights_only=True)
+    assert trained["train_config"]["lr"] == 1e-4 and trained["train_config"]["steps"] == 4  # at rl_lr, sft_steps
+
+    assert "kl_old" in state.versions[0]["diagnostics"]  # its drift is measured from the start it was given
+
+    # Four small steps from the shipped weights stay next to them; the same four from a fresh model end far away.
+    start, tuned = (load_vla(p)[0].state_dict() for p in (shipped, state.checkpoint))
+    shutil.rmtree(settings.learner_dir / "daemon")
+    fresh = load_vla(run_daemon(settings, replace(config, start_from="")).checkpoint)[0].state_dict()
+    moved = sum((tuned[k] - start[k]).abs().sum().item() for k in start)
+    from_scratch = sum((fresh[k] - start[k]).abs().sum().item() for k in start)
+    assert 0 < moved < 0.05 * from_scratch
 
 
 class Killed(BaseException):

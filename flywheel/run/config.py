@@ -23,12 +23,25 @@ from edge_client.runner import EdgeConfig
 from edge_client.teacher import TeacherConfig
 from learner.daemon_config import DaemonConfig
 from processors.worker_config import WorkerConfig
+from registry.store import RELEASE_DIR
+
+# The main job's tasks, by issue 42's rule: its first version must score >= 0.85 greedy, and the flywheel must still
+# have somewhere to rise. The run starts from the shipped release, so the rule reads the release's own held-out
+# evaluation (greedy, 100 seeds a task, docs/figures/release-43/eval-tier1.json) and keeps each Tier 1 task the
+# release succeeds on at least half the time: there the fleet's samples mostly verify, and the teacher's labels go to
+# the states it still fails (click-link 0.61, click-button 0.85, click-test-2 0.89). identify-shape (0.44) is left
+# out: its map is short of samples, which the release recipe's collections give, not 20 minutes of fleet
+# (docs/results.md).
+DEMO_TASKS: tuple[str, ...] = (
+    "click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-color", "focus-text",
+)  # fmt: skip
 
 
 def demo_fleet() -> EdgeConfig:
     """The fleet's clients as the main job runs them."""
     return EdgeConfig(
         client_id="",  # each client's own, and its seed, summary and stop time, are set when it starts
+        tasks=DEMO_TASKS,
         episodes_per_task=12,  # turns: per client and turn (continuous: until the run's end)
         temperature=0.7,  # continuous: the fleet samples (turns: greedy)
         top_k=5,
@@ -42,9 +55,12 @@ def demo_fleet() -> EdgeConfig:
 
 
 def demo_learner() -> DaemonConfig:
-    """The learner daemon as the main job runs it: the demo recipe, a first SFT of 800 steps once 96 demonstrations
-    are in (the experts' first minutes), a version every 64 fresh episodes or 3 minutes, the tables polled often."""
-    return DaemonConfig(sft_steps=800, min_demos=96, every_minutes=3.0, poll_s=2.0)
+    """The learner daemon as the main job runs it: the shipped release (release/model.pt) fine-tuned with the release
+    recipe's settings, its first version 100 steps once 200 demonstrations are in (the experts' first minutes), then
+    a version every 64 fresh episodes or 3 minutes, the tables polled often. A fleet starts from what is shipped;
+    a fresh model of the small demo recipe (`--recipe demo --start-from ''`, 800 SFT steps) starts near 0.55."""
+    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), sft_steps=100, min_demos=200,
+                        every_minutes=3.0, poll_s=2.0)  # fmt: skip
 
 
 @dataclass
