@@ -58,7 +58,7 @@ def demo_learner() -> DaemonConfig:
     """The learner daemon as the main job runs it: the shipped release (release/model.pt) fine-tuned with the release
     recipe's settings, its first version 100 steps once 200 demonstrations are in (the experts' first minutes), then
     a version every 64 fresh episodes or 3 minutes, the tables polled often. A fleet starts from what is shipped;
-    a fresh model of the small demo recipe (`--recipe demo --start-from ''`, 800 SFT steps) starts near 0.55."""
+    a fresh model of the small demo recipe (`--recipe demo --start-from '' --sft-steps 800`) starts near 0.55."""
     return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), sft_steps=100, min_demos=200,
                         every_minutes=3.0, poll_s=2.0)  # fmt: skip
 
