@@ -105,11 +105,34 @@ style.textContent = "* { caret-animation: manual !important; }";
 document.head.appendChild(style);
 """
 
+# Chromium's software rasteriser anti-aliases a rounded corner one level apart from one load to the next (on
+# click-dialog's first screen, 5 corner pixels of the dialog at 245 vs 246 in 1 of 5 loads): two screens that
+# differ by no more than that show the same thing.
+RASTER_NOISE_LEVELS = 1
+RASTER_NOISE_PIXELS = 16
+
+
+def screen_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """None when two screenshots agree up to the rasteriser's noise; else (pixels that differ, the largest
+    difference in any channel)."""
+    differing = int((a != b).any(axis=-1).sum())
+    largest = int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max()) if differing else 0
+    if largest <= RASTER_NOISE_LEVELS and differing <= RASTER_NOISE_PIXELS:
+        return None
+    return differing, largest
+
+
 # Where the pointer rests when an episode starts, on both paths: outside the 160x210 task area (inside both
 # paths' viewports). Left where the last episode's last click was, it hovered over whatever the new episode
 # drew there, so a first screen depended on the episode before it (click-tab seed 7001: success or failure
 # by which seed ran first in that browser).
 POINTER_REST = (480, 250)
+
+# Focus left where the last episode left it: a task that keeps its elements across episodes (enter-password's
+# fields) then drew a new episode's first screen with the last field still focused, ringed, so a first screen
+# depended on the episode before it (found by the search's replay check: edge_client.search). Every reset blurs
+# it first, on both paths; a task that focuses an element itself still does.
+_BLUR_JS = "if (document.activeElement) document.activeElement.blur();"
 
 # The fast path's page-side scripts. Each runs as one task of the page's event loop and awaits in-page (a
 # timer, not a round trip): reset is miniwob's force_stop + begin_task + get_observation in one call, a step's
@@ -124,6 +147,7 @@ const observe = meta => meta.done ? {meta}
 _RESET_JS = Template("""(async () => {$helpers
   core.EPISODE_MAX_TIME = Math.max(core.EPISODE_MAX_TIME, $max_ms);
   core.endEpisode(0);
+  $blur
   $seed
   core.setDataMode("train");
   core.startEpisodeReal();
@@ -295,7 +319,7 @@ class GuiEnv:
         helpers = Template(_PAGE_HELPERS).substitute(read_dom="true" if self.config.read_dom else "false")
         self._read_js = _READ_JS.substitute(helpers=helpers, settle_ms=int(SETTLE_MAX_S * 1000),
                                             poll_ms=int(SETTLE_POLL_S * 1000))  # fmt: skip
-        self._reset_js = partial(_RESET_JS.substitute, helpers=helpers)
+        self._reset_js = partial(_RESET_JS.substitute, helpers=helpers, blur=_BLUR_JS)
         self._page_loaded = True  # a page whose first episode has not started yet (see _reset_fast)
         self._start_time = 0.0
 
@@ -346,6 +370,7 @@ class GuiEnv:
         # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
         self._env.instance.raise_episode_time()
         execute_move_coords(*POINTER_REST, self.driver)
+        self.driver.execute_script(_BLUR_JS)
         return self._env.reset(seed=seed)
 
     def _restart_browser(self) -> None:
