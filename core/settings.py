@@ -15,6 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.object_store import Files, Location, ObjectStoreError, S3Config, is_remote, join
 
+EVAL_SEED = 1_000_000  # held-out evaluation seeds start here: training, demonstrations and search stay below
+
 TIER1_TASKS: tuple[str, ...] = (
     "click-test",
     "click-test-2",

@@ -242,14 +242,19 @@ class VLAPolicy:
 
     def act(self, obs: Observation) -> Decision:
         previous = self._previous if obs.step > 0 else None
+        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous, self.sampling, self._rng,
+                                        self._history if obs.step > 0 else ())  # fmt: skip
+        decision = decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)
+        self.remember(obs, decision.action)
+        return decision
+
+    def remember(self, obs: Observation, action: Action) -> None:
+        """`action` was taken on `obs`, chosen by this policy or not (a replayed or searched step): the next
+        step's history holds it and its previous frame is `obs`."""
         if obs.step == 0:
             self._history = []
         self._previous = obs.screenshot
-        gen, timing = self.runtime.step(obs.screenshot, obs.instruction, previous, self.sampling, self._rng,
-                                        self._history)  # fmt: skip
-        decision = decision_from(self.runtime.tok.parse(gen.ids), gen, timing, self.sampling)
-        self._history.append(decision.action)
-        return decision
+        self._history.append(action)
 
 
 def load_policy(path, version: str, intra_op_threads: int = 1, keep_ratio: float | None = None,

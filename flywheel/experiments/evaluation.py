@@ -22,10 +22,8 @@ from typing import Literal
 import polars as pl
 
 from core.console import say
-from core.settings import TIER1_TASKS, TIER2_TASKS, Settings
+from core.settings import EVAL_SEED, TIER1_TASKS, TIER2_TASKS, Settings
 from core.stats import paired_diff_ci
-
-EVAL_SEED = 1_000_000  # eval seeds: demonstrations use seeds below 1,000,000
 
 
 # evaluate() takes plain arguments; the command's settings (which policy to load, where the report goes) are here.

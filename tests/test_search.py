@@ -1,0 +1,96 @@
+"""Search from the policy's own failures (edge_client.search): branches replay the failed prefix, try the policy's
+other likely actions, and keep the real successes; evaluation seeds are never searched."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from edge_client.env import EnvConfig, GuiEnv
+from edge_client.episode import run_episode
+from edge_client.experts import expert_for
+from edge_client.search import Branch, SearchBudget, failing_steps, search_failure
+from policy.interface import Decision, Observation
+from policy.runtime import load_policy
+from registry.store import RELEASE_DIR
+from schemas import Action
+
+TRAINING_SEED = 7_000  # below the evaluation seeds (1,000,000+)
+
+
+class Recorder:
+    """A policy that clicks (9, 9) and records what it was told."""
+
+    version = "recorder"
+
+    def __init__(self):
+        self.remembered: list[tuple[int, Action]] = []
+
+    def act(self, obs: Observation) -> Decision:
+        return Decision("own", Action(type="click", x=9, y=9))
+
+    def remember(self, obs: Observation, action: Action) -> None:
+        self.remembered.append((obs.step, action))
+
+
+def observation(step: int) -> Observation:
+    return Observation("click-test", "Click the button.", np.zeros((210, 160, 3), np.uint8), step=step)
+
+
+def test_a_branch_replays_its_prefix_lets_the_teacher_finish_within_its_calls_then_the_policy() -> None:
+    policy, teacher = Recorder(), Recorder()
+    teacher.act = lambda obs: Decision("teacher", Action(type="click", x=5, y=5))
+    prefix = [Action(type="click", x=1, y=1), Action(type="click", x=2, y=2)]
+    branch = Branch(prefix, policy, teacher, teacher_calls=1)
+    actions = [branch.act(observation(step)).action for step in range(4)]
+    assert [(a.x, a.y) for a in actions] == [(1, 1), (2, 2), (5, 5), (9, 9)]
+    assert branch.calls == 1 and len(branch.screens) == 2
+    # The policy was told every action it did not choose, so its history is the branch's when it acts.
+    assert policy.remembered == [(0, prefix[0]), (1, prefix[1]), (2, Action(type="click", x=5, y=5))]
+
+
+@pytest.mark.browser
+def test_the_search_finds_real_successes_from_the_released_models_failures_on_its_own() -> None:
+    model = load_policy(RELEASE_DIR / "model.vla", "release")
+    budget = SearchBudget(candidates=4, branch_steps=1, simulations=4, env_steps=30)
+    with GuiEnv("click-link", EnvConfig(read_dom=False)) as env:
+        failures = []
+        for seed in range(TRAINING_SEED, TRAINING_SEED + 40):
+            result = run_episode(env, model, "click-link", seed)
+            if not result.success:
+                failures.append(result)
+            if len(failures) == 4:
+                break
+        assert len(failures) == 4  # the release fails click-link about 4 seeds in 10
+        searched = [search_failure(env, model, failed, budget, seed=0) for failed in failures]
+        with pytest.raises(ValueError, match="evaluation seed"):
+            search_failure(env, model, replace(failures[0], seed=1_000_000), budget)
+
+    found = [(failed, s) for failed, s in zip(failures, searched, strict=True) if s.successes]
+    assert found, [s.stopped for s in searched]  # the policy's own second choices solve some of its failures
+    for failed, search in found:
+        success = search.successes[0]
+        assert success.success and (success.task, success.seed) == (failed.task, failed.seed)
+        assert success.records[0].decision.action != failed.records[0].decision.action  # another first click
+    for search in searched:  # within the budget, and no replay disagreed with the failed episode's screens
+        assert search.simulations <= budget.simulations and search.env_steps <= budget.env_steps
+        assert search.stopped != "nondeterministic" and search.teacher_calls == 0
+
+
+@pytest.mark.browser
+def test_the_teacher_finishes_a_branch_within_its_calls_and_the_policy_after() -> None:
+    # enter-password, a multi-step task the release often fails: branched at its failing step, the expert (which
+    # reads the DOM) finishes the episode from there for at most 12 actions a search.
+    model = load_policy(RELEASE_DIR / "model.vla", "release")
+    budget = SearchBudget(candidates=2, branch_steps=1, simulations=2, env_steps=40, teacher_calls=12)
+    with GuiEnv("enter-password", EnvConfig(read_dom=True)) as env:
+        failed = next(
+            r for seed in range(TRAINING_SEED, TRAINING_SEED + 20)
+            if not (r := run_episode(env, model, "enter-password", seed)).success
+        )  # fmt: skip
+        search = search_failure(env, model, failed, budget, teacher=expert_for("enter-password"), max_steps=20)
+    assert 0 < search.teacher_calls <= budget.teacher_calls
+    assert search.stopped != "nondeterministic"
+    assert search.successes, (failing_steps(failed), search)
