@@ -50,7 +50,8 @@ class SearchBudget:
     simulations: int = 6
     """Branches run (each a reset, the replayed prefix and a completion)."""
     env_steps: int = 60
-    """Environment steps over all branches, replays included."""
+    """Environment steps over all branches, replays included: a branch starts only while its prefix and
+    candidate fit (a running branch may finish past it, by at most max_steps)."""
     teacher_calls: int = 0
     """Teacher actions over all branches (0: the policy completes every branch, no teacher)."""
 
