@@ -15,7 +15,7 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_argv, config_from, config_values
-from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
+from core.settings import EVAL_SEED, TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
 
@@ -320,7 +320,7 @@ def _experiment(p: argparse.ArgumentParser) -> None:
         help="a `flywheel experiment curriculum` run: its evaluated checkpoints are the points",
     )
     sop.add_argument("--episodes", type=int, default=50, help="expert trajectories per task")
-    sop.add_argument("--seed", type=int, default=1_000_000, help="seed of the first (the eval seeds)")
+    sop.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the first (the eval seeds)")
     sop.set_defaults(func=cmd_sop_experiment)
 
 

@@ -95,9 +95,8 @@ def train_vla(
             relevance_nll = click_map_nll(click_map, batch["positives"])
             total, token_nll = config.map_weight * relevance_nll, relevance_nll * 0.0
             if map_weights is not None:
-                has_target = batch["positives"].flatten(1).any(1)  # (B,)
                 row_nll = click_map_row_nll(click_map.detach(), batch["positives"])  # (B,), +inf where no target
-                map_weights.update(data.click_task_of[idx], row_nll.where(has_target, torch.nan).numpy())
+                map_weights.update(data.click_task_of[idx], row_nll.where(row_nll.isfinite(), torch.nan).numpy())
                 run.sampler["map_task_nll"] = map_weights.nll.tolist()
         else:
             logits, relevance, click_map = net(batch["image"], batch["prior"], batch["instruction_ids"],
