@@ -96,11 +96,13 @@ def same_place(a: Action, b: Action, within_px: float) -> bool:
 
 
 class Branch:
-    """A policy that takes `forced` actions first (the replayed prefix, then the candidate), then finishes the
+    """A policy that takes `forced` decisions first (the replayed prefix, then the candidate), then finishes the
     episode: by `teacher` while it has calls left, else by `policy`. Every action the policy did not choose itself
-    is told to it (`remember`), so its history and previous frame are the branch's when it acts."""
+    is told to it (`remember`), so its history and previous frame are the branch's when it acts. A forced step
+    keeps its thought: a success is imitated whole, and the thought of a searched step is the one the policy had
+    there (it named the right target and pointed wrong, or the candidate would not differ)."""
 
-    def __init__(self, forced: Sequence[Action], policy, teacher: Policy | None = None, teacher_calls: int = 0):
+    def __init__(self, forced: Sequence[Decision], policy, teacher: Policy | None = None, teacher_calls: int = 0):
         self.forced, self.policy, self.teacher, self.teacher_calls = list(forced), policy, teacher, teacher_calls
         self.version = policy.version
         self.screens: list[np.ndarray] = []  # the screens of the forced steps, to check the replay against
@@ -109,7 +111,7 @@ class Branch:
     def act(self, obs: Observation) -> Decision:
         if obs.step < len(self.forced):
             self.screens.append(obs.screenshot)
-            decision = Decision("replayed" if obs.step < len(self.forced) - 1 else "searched", self.forced[obs.step])
+            decision = self.forced[obs.step]
         elif self.teacher is not None and self.calls < self.teacher_calls:
             self.calls += 1
             decision = self.teacher.act(obs)
@@ -134,27 +136,53 @@ def search_failure(env: Env, policy, failed: EpisodeResult, budget: SearchBudget
     if failed.success:
         raise ValueError(f"{failed.task} seed {failed.seed} succeeded: there is no failure to search")
     out, rng = SearchResult(failed.task, failed.seed), np.random.default_rng(seed)
-    taken = [r.decision.action for r in failed.records]
+    taken = [r.decision for r in failed.records]
     for j in failing_steps(failed)[: budget.branch_steps]:
         record = failed.records[j]
         previous = failed.records[j - 1].obs.screenshot if j else None
-        for candidate in candidate_actions(policy, record.obs, previous, taken[:j], taken[j], budget, rng):
+        history, action = [d.action for d in taken[:j]], taken[j].action
+        for candidate in candidate_actions(policy, record.obs, previous, history, action, budget, rng):
             if out.simulations >= budget.simulations:
                 out.stopped = "simulations"
                 return out
             if out.env_steps + j + 1 > budget.env_steps:
                 out.stopped = "env_steps"
                 return out
-            branch = Branch([*taken[:j], candidate], policy, teacher, budget.teacher_calls - out.teacher_calls)
-            result = run_episode(env, branch, failed.task, failed.seed, max_steps=max_steps)
+            searched = Decision(taken[j].thought, candidate)
+            branch = Branch([*taken[:j], searched], policy, teacher, budget.teacher_calls - out.teacher_calls)
+            result = run_branch(env, branch, failed, max_steps)
             out.simulations += 1
             out.env_steps += result.steps
             out.teacher_calls += branch.calls
-            replayed = [r.obs.screenshot for r in failed.records[: len(branch.screens)]]
-            if any(screen_difference(a, b) for a, b in zip(branch.screens, replayed, strict=True)):
+            if not reproduced(branch, failed):
                 out.stopped = "nondeterministic"  # the reset did not reproduce the policy's states
                 return out
             if result.success:
                 out.successes.append(result)
                 break  # one success a failing step: the next step back may find another way
     return out
+
+
+def run_branch(env: Env, branch: Branch, failed: EpisodeResult, max_steps: int) -> EpisodeResult:
+    """`branch` run from a reset of the failed episode's seed."""
+    return run_episode(env, branch, failed.task, failed.seed, max_steps=max_steps)
+
+
+def reproduced(branch: Branch, failed: EpisodeResult) -> bool:
+    """Whether every replayed screen of `branch` is the failed episode's (up to the rasteriser's noise)."""
+    replayed = [r.obs.screenshot for r in failed.records[: len(branch.screens)]]
+    return not any(screen_difference(a, b) for a, b in zip(branch.screens, replayed, strict=True))
+
+
+def continue_by_teacher(env: Env, policy, episode: EpisodeResult, at: int, teacher: Policy,
+                        max_steps: int = 10) -> EpisodeResult | None:  # fmt: skip
+    """The teacher's own trajectory from step `at` of `episode` (issue 44.3): the same seed reset, the policy's
+    actions before `at` replayed, then the teacher to the end. Its steps from `at` on are labels whose history is
+    the teacher's, never the policy's wrong clicks after `at`. None where the reset did not reproduce the
+    episode's screens; the caller keeps the result only if it succeeded (a label whose continuation fails is
+    dropped)."""
+    if episode.seed >= EVAL_SEED:
+        raise ValueError(f"seed {episode.seed} is an evaluation seed (>= {EVAL_SEED}): never relabelled")
+    branch = Branch([r.decision for r in episode.records[:at]], policy, teacher, teacher_calls=max_steps)
+    result = run_branch(env, branch, episode, max_steps)
+    return result if reproduced(branch, episode) else None

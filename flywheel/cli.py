@@ -251,14 +251,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _eval(p: argparse.ArgumentParser) -> None:
-    from flywheel.experiments.evaluation import EvalConfig
+    from flywheel.experiments.eval_command import EvalConfig
 
     add_config_arguments(p, EvalConfig, parse=TASKS)
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from flywheel.experiments.evaluation import EvalConfig, run_eval
+    from flywheel.experiments.eval_command import EvalConfig, run_eval
 
     run_eval(config_from(args, EvalConfig), get_settings())
     return 0

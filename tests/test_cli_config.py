@@ -226,7 +226,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.security import SecurityBenchConfig
     from flywheel.chaos.run import ChaosConfig
     from flywheel.experiments.curriculum import CurriculumConfig
-    from flywheel.experiments.evaluation import EvalConfig
+    from flywheel.experiments.eval_command import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig

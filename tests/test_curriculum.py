@@ -6,11 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import polars as pl
 import torch
 
 from core.machine import machine
 from flywheel.experiments.curriculum import ARMS, choose_rl_set, stage_at, tier_means
+from registry.store import sha256_of
 
 
 def test_tier_means_are_over_the_evaluated_tasks_of_each_tier():
@@ -31,7 +34,10 @@ def test_an_arm_spends_its_budget_in_its_stages_after_sft():
     assert stage_at(ARMS["sft_more_demos"], 90.0, 100.0, 0.3) == "dagger:demos"
     assert set(ARMS) == {"sft", "sft_offline", "sft_offline_ppo", "sft_offline_refkl", "sft_offline_databc",
                          "sft_ppo", "offline_only", "sft_semi_online", "sft_semi_online_views", "sft_more_demos",
-                         "dagger", "self_imitation", "dagger_rl", "self_imitation_rl"}  # fmt: skip
+                         "dagger", "self_imitation", "dagger_rl", "self_imitation_rl", "dagger_edge", "dart",
+                         "search_bc", "search_bc_teacher", "search_bc_rl"}  # fmt: skip
+    assert stage_at(ARMS["search_bc_rl"], 10.0, 100.0, 0.3) == "self_imitation:search"  # search, then anchored RL
+    assert stage_at(ARMS["search_bc_rl"], 40.0, 100.0, 0.3) == "online_rl:anchor"
 
 
 def test_the_rl_set_rule_keeps_the_tasks_nearest_to_half_within_the_band():
@@ -49,14 +55,14 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
             "--budget-minutes", "0.05", "--demos-per-task", "3", "--sft-steps", "10", "--log-seeds", "2",
             "--repeats", "2", "--groups-per-round", "1", "--max-groups-per-round", "2", "--update-steps", "2",
             "--online-lr", "1e-5", "--round-episodes", "2", "--retrain-steps", "3",
-            "--arms", "sft,sft_ppo,dagger_rl,sft_more_demos"]  # fmt: skip
+            "--arms", "sft,sft_ppo,dagger_rl,sft_more_demos,search_bc_teacher,dart"]  # fmt: skip
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "curriculum.json").read_text())
     rl_set = report["rl_set"]
     assert len(rl_set["tasks"]) == 1 and "nearest to 0.5" in rl_set["rule"]
     assert rl_set["selection_seeds"] == [900_000, 900_001] and rl_set["eval_seeds"] == [1_000_000, 1_000_002]
-    assert set(report["arms"]) == {"sft", "sft_ppo", "dagger_rl", "sft_more_demos"}
+    assert set(report["arms"]) == {"sft", "sft_ppo", "dagger_rl", "sft_more_demos", "search_bc_teacher", "dart"}
     for arm, entry in report["arms"].items():
         assert entry["stages"] == list(ARMS[arm])
         assert len(entry["curve"]) == 2 and 0.0 <= entry["tier1_mean"] <= 1.0
@@ -76,6 +82,22 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     assert any((out / "dagger_rl" / "gathered").glob("round-0.parquet"))
     more = report["arms"]["sft_more_demos"]  # the baseline a label must beat: each new expert step counted as one
     assert more["teacher_labels"] > 0 and more["diagnostics"][-1]["teacher_labels"] == more["teacher_labels"]
+    # The search found successes from the policy's own failures (the teacher finishing branches within its calls).
+    search = report["arms"]["search_bc_teacher"]
+    found = [d["gathered"] for d in search["diagnostics"]]
+    assert sum(g["failures"] for g in found) > 0 and sum(g["found"] for g in found) > 0
+    assert search["teacher_labels"] == sum(g["teacher_calls"] for g in found) > 0
+    assert all(g["teacher_calls"] <= 10 * g["failures"] for g in found)  # search_teacher_calls a failure
+    # DART: every noisy expert step is a call and a label (the clean action), with the history it took.
+    dart = report["arms"]["dart"]
+    dart_rows = pl.concat([pl.read_parquet(p) for p in (out / "dart" / "gathered").glob("*.parquet")])
+    assert dart["teacher_labels"] == dart_rows.height == int(dart_rows["train"].sum())
+    # Each retrain arm's no-fleet twin: its last retrain's steps on the demonstrations alone, on the same seeds.
+    for arm in ("sft_more_demos", "search_bc_teacher", "dart"):
+        entry = report["arms"][arm]
+        assert entry["twin"]["retrain_steps"] == entry["diagnostics"][-1]["retrain_steps"] >= 3
+        assert "vs_twin" in entry and Path(entry["twin"]["eval"]).exists()
+    assert "twin" not in report["arms"]["dagger_rl"]  # anchored RL after the retrain: no twin
     sft, online = (report["arms"][a] for a in ("sft", "sft_ppo"))
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
     assert online["curve"][-1]["stage"] == "online_rl:none"
@@ -99,8 +121,8 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert sop.returncode == 0, sop.stdout[-3000:] + sop.stderr[-3000:]
     points = json.loads((sop_out / "sop.json").read_text())
-    # the shared SFT and the 4 arms' ends
-    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 5
+    # the shared SFT and the 6 arms' ends (the twins are not the run's checkpoints)
+    assert points["tasks"] == rl_set["tasks"] and len(points["checkpoints"]) == 7
     assert not any("selection" in c["checkpoint"] for c in points["checkpoints"])
 
     # A tuning run on the same shared part: every point on the selection seeds, none on an evaluation seed.
@@ -121,6 +143,11 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     bare = tmp_path / "tune-bare"
     shutil.copytree(out / "shared", bare / "shared")
     (bare / "shared" / "eval-selection.json").unlink()
-    bare_args = [a if a != str(tune_out) else str(bare) for a in tune_args]
-    assert subprocess.run(bare_args, capture_output=True, text=True, timeout=600).returncode == 0
+    # It starts from a trained model instead (start_from, as a run on the release does), recorded by its digest.
+    start_from = out / "shared" / "sft" / "vla_checkpoint.pt"
+    bare_args = [a if a != str(tune_out) else str(bare) for a in tune_args] + ["--start-from", str(start_from)]
+    started = subprocess.run(bare_args, capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     assert json.loads((bare / "shared" / "eval-selection.json").read_text())["seed"] == 900_000
+    meta = json.loads((bare / "shared" / "meta.json").read_text())
+    assert meta["start_from"] == {"checkpoint": str(start_from), "sha256": sha256_of(start_from)}

@@ -11,7 +11,7 @@ import pytest
 from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import run_episode
 from edge_client.experts import expert_for
-from edge_client.search import Branch, SearchBudget, failing_steps, search_failure
+from edge_client.search import Branch, SearchBudget, continue_by_teacher, failing_steps, search_failure
 from policy.interface import Decision, Observation
 from policy.runtime import load_policy
 from registry.store import RELEASE_DIR
@@ -42,13 +42,14 @@ def observation(step: int) -> Observation:
 def test_a_branch_replays_its_prefix_lets_the_teacher_finish_within_its_calls_then_the_policy() -> None:
     policy, teacher = Recorder(), Recorder()
     teacher.act = lambda obs: Decision("teacher", Action(type="click", x=5, y=5))
-    prefix = [Action(type="click", x=1, y=1), Action(type="click", x=2, y=2)]
+    prefix = [Decision("first", Action(type="click", x=1, y=1)), Decision("second", Action(type="click", x=2, y=2))]
     branch = Branch(prefix, policy, teacher, teacher_calls=1)
-    actions = [branch.act(observation(step)).action for step in range(4)]
-    assert [(a.x, a.y) for a in actions] == [(1, 1), (2, 2), (5, 5), (9, 9)]
+    decisions = [branch.act(observation(step)) for step in range(4)]
+    assert [(d.action.x, d.action.y) for d in decisions] == [(1, 1), (2, 2), (5, 5), (9, 9)]
+    assert [d.thought for d in decisions] == ["first", "second", "teacher", "own"]  # forced steps keep theirs
     assert branch.calls == 1 and len(branch.screens) == 2
     # The policy was told every action it did not choose, so its history is the branch's when it acts.
-    assert policy.remembered == [(0, prefix[0]), (1, prefix[1]), (2, Action(type="click", x=5, y=5))]
+    assert policy.remembered == [(0, prefix[0].action), (1, prefix[1].action), (2, Action(type="click", x=5, y=5))]
 
 
 @pytest.mark.browser
@@ -91,6 +92,13 @@ def test_the_teacher_finishes_a_branch_within_its_calls_and_the_policy_after() -
             if not (r := run_episode(env, model, "enter-password", seed)).success
         )  # fmt: skip
         search = search_failure(env, model, failed, budget, teacher=expert_for("enter-password"), max_steps=20)
+        # The teacher's own trajectory from the failure's first step (labels whose history is the teacher's).
+        continued = continue_by_teacher(env, model, failed, 1, expert_for("enter-password"), max_steps=20)
+        with pytest.raises(ValueError, match="evaluation seed"):
+            continue_by_teacher(env, model, replace(failed, seed=1_000_000), 1, expert_for("enter-password"))
     assert 0 < search.teacher_calls <= budget.teacher_calls
     assert search.stopped != "nondeterministic"
     assert search.successes, (failing_steps(failed), search)
+    assert continued is not None and continued.success  # the replayed step matched, then the expert solved it
+    assert continued.records[0].decision == failed.records[0].decision  # the policy's own first step, replayed
+    assert all(r.decision.logprob is None for r in continued.records[1:])  # then the expert's (no model logprob)

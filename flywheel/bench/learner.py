@@ -41,7 +41,7 @@ from typing import Any
 from core.machine import machine
 from core.settings import TIER1_TASKS
 from flywheel.bench.env import Profiler
-from flywheel.experiments.evaluation import run_episodes
+from flywheel.gathering.episodes import run_episodes
 
 UPDATES = ("sft", "sft_clicks", "offline_rl", "ppo", "semi_online")
 DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")

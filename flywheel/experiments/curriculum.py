@@ -19,14 +19,33 @@
     sft_more_demos      each round: more expert demonstrations on the RL set (every expert step a teacher call),
                         then SFT from the shared SFT on all demonstrations: what a teacher's label must beat
     dagger              each round: the policy's greedy episodes on the RL set, the teacher (edge_client.teacher)
-                        labelling the screens its rule picks, then SFT from the shared SFT on the demonstrations
-                        + every label so far (learner.stages "dagger")
+                        labelling the screens its rule picks; from a failure's first step where the label differs
+                        from the policy's action, the teacher's own continuation (edge_client.search
+                        .continue_by_teacher), kept when it succeeds: labels whose history is the teacher's
+                        (issue 44.3); then SFT from the shared SFT on the demonstrations + every label so far
+    dagger_edge         dagger as the edge gathers it: every label on the policy's own history, kept whatever
+                        followed (the arm of issue 31, the latching the history fix removes)
+    dart                each round: new expert episodes on the RL set, each click displaced with probability near
+                        the start's per-step error rate, every state labelled with the clean action
+                        (edge_client.dart), then SFT from the shared SFT on the demonstrations + those rows
+    search_bc           each round: the policy's greedy episodes on the RL set; its failures searched
+                        (edge_client.search: the same seed, the prefix replayed, the policy's other likely
+                        actions at the failing steps, the policy finishing), the successes found kept, then SFT
+                        from the shared SFT on the demonstrations + every success so far (no teacher)
+    search_bc_teacher   search_bc, the teacher finishing a branch within search_teacher_calls a failure
+    search_bc_rl        search_bc for offline_share of the budget, then online PPO anchored on the demonstrations
+                        + the successes found
     self_imitation      each round: the policy's top-k sampled episodes on the RL set, the successes kept, then
                         SFT from the shared SFT on the demonstrations + every success so far (no teacher)
     dagger_rl           dagger for offline_share of the budget, then online PPO anchored (a fixed-weight BC term on
                         the demonstrations + labels; the teacher still labels, its agreement a step reward)
     self_imitation_rl   self_imitation, then online PPO anchored on the demonstrations + successes
-    offline_only, sft_semi_online_views: optional (not in the default set)
+    offline_only, sft_semi_online_views and issue 23's and 31's other arms: optional (not in the default set)
+
+A retrain round trains max(retrain_steps, retrain_passes x rows / batch) steps (issue 44.5: a fixed count spreads
+over more rows each round), and each retrain arm's last model has a no-fleet twin: the same steps, rate and start
+on the demonstrations alone (OUT/twins/, shared by arms of the same steps), reported as vs_twin.
+With `start_from` (e.g. the release) the arms start from that trained model instead of a shared SFT.
 
 An online round (the signal per environment step): groups of `repeats` rollouts of one (task, seed) on the
 RL set, the task drawn with a weight that falls when its recent groups were all-success or all-failure
@@ -49,6 +68,7 @@ OUT/<arm>/final.vla (the last checkpoint's bundle, to evaluate later on other ta
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -60,7 +80,9 @@ from core.console import say
 from core.machine import machine
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
 from core.stats import mean_ci, paired_diff_ci
-from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model, run_episodes, sampling_policy
+from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model
+from flywheel.gathering.episodes import run_episodes, sampling_policy
+from registry.store import sha256_of
 
 ARMS: dict[str, tuple[str, ...]] = {
     "sft": ("sft", "sft"),
@@ -74,15 +96,20 @@ ARMS: dict[str, tuple[str, ...]] = {
     "sft_semi_online_views": ("sft", "semi_online:views"),
     "sft_more_demos": ("sft", "dagger:demos"),
     "dagger": ("sft", "dagger"),
+    "dagger_edge": ("sft", "dagger:edge"),
+    "dart": ("sft", "dagger:dart"),
+    "search_bc": ("sft", "self_imitation:search"),
+    "search_bc_teacher": ("sft", "self_imitation:search_teacher"),
+    "search_bc_rl": ("sft", "self_imitation:search", "online_rl:anchor"),
     "self_imitation": ("sft", "self_imitation"),
     "dagger_rl": ("sft", "dagger", "online_rl:anchor"),
     "self_imitation_rl": ("sft", "self_imitation", "online_rl:anchor"),
 }
 # The arms whose rounds retrain from the shared SFT on the demonstrations + what their rounds gathered.
 RETRAIN_STAGES = ("dagger", "self_imitation")
-# Issue 31's arms: supervision on the policy's own states against more demonstrations, RL anchored on top; the
-# earlier arms (issue 23's) stay runnable by name.
-DEFAULT_ARMS = ("sft", "sft_more_demos", "dagger", "self_imitation", "dagger_rl", "self_imitation_rl")
+# Issue 44's arms: what the fleet's experience adds over demonstrations, at equal expert calls and optimizer steps;
+# the earlier arms (issues 23 and 31) stay runnable by name.
+DEFAULT_ARMS = ("sft", "sft_more_demos", "dart", "dagger", "search_bc", "search_bc_teacher", "search_bc_rl")
 # Seed ranges: demonstrations 0.., the logged fleet, online rounds, RL-set selection; evaluation 1,000,000+.
 LOG_SEED, ROUND_SEED, SELECTION_SEED = 500_000, 600_000, 900_000
 
@@ -118,7 +145,10 @@ class CurriculumConfig:
     shared_only: bool = False
     """Prepare the shared part (demonstrations, SFT, RL set, its start evaluation) and stop."""
     recipe: str = "demo"
-    """VLA recipe of the SFT stage (learner.config.VLARecipe)."""
+    """VLA recipe of the SFT stage (learner.config.VLARecipe); with start_from, the start's own recipe."""
+    start_from: str = ""
+    """A trained model's checkpoint (e.g. release/model.pt) every arm starts from instead of a shared SFT on the
+    demonstrations ("": the shared SFT)."""
     demos_per_task: int = 20
     """Expert demonstrations per task (seeds 0..n-1)."""
     sft_steps: int = 1200
@@ -160,13 +190,29 @@ class CurriculumConfig:
     """Share of an arm's budget its first stage (offline RL, dagger, self-imitation) gets when an online stage
     follows."""
     retrain_steps: int = 300
-    """dagger, self_imitation, sft_more_demos: optimizer steps of each round's SFT from the shared SFT (at rl_lr,
-    the rate the sft arm continues at)."""
+    """Retrain arms (dagger, dart, search_bc, self_imitation, sft_more_demos): optimizer steps at least of each
+    round's SFT from the shared SFT (at rl_lr, the rate the sft arm continues at) ..."""
+    retrain_passes: float = 4.0
+    """... or this many passes over the demonstrations + the round's trainable rows, if more."""
+    twins: bool = True
+    """Train and evaluate each retrain arm's no-fleet twin at its last round's steps (vs_twin)."""
     round_episodes: int = 16
     """dagger, sft_more_demos: episodes per round on the RL set (greedy policy, or the experts on new seeds);
     self_imitation: groups of `repeats` top-k rollouts per round."""
     teacher_budget: int = 10
     """dagger arms: teacher labels per episode at most (edge_client.teacher.TeacherConfig.teacher_budget)."""
+    search_candidates: int = 3
+    """search arms: the policy's other likely actions tried at a failing step (edge_client.search.SearchBudget) ..."""
+    search_branch_steps: int = 2
+    """... at this many failing steps, the latest first ..."""
+    search_simulations: int = 6
+    """... in at most this many branches a failure ..."""
+    search_env_steps: int = 60
+    """... and this many environment steps a failure, replays included."""
+    search_teacher_calls: int = 10
+    """search_bc_teacher: teacher actions a failure's branches may take (the policy finishes after them)."""
+    dart_sigma_px: float = 15.0
+    """dart: the standard deviation, in px, of a noised click's displacement in x and in y."""
     self_imitation_top_k: int = 3
     """self_imitation arms: rollouts sample among the policy's k likeliest tokens (never every token)."""
     semi_online_trajectories: int = 16
@@ -201,6 +247,7 @@ class ArmState:
     semi_cursor: int = 0  # the next expert trajectory a semi-online round starts from
     teacher_labels: int = 0  # teacher calls answered: labels on own states, or expert steps of new demonstrations
     gathered: list[str] = field(default_factory=list)  # each round's teacher rows / successes / demos (parquet)
+    gathering: dict = field(default_factory=dict)  # the last round's gathering: rows, calls, env steps, search figures
     diagnostics: list[dict] = field(default_factory=list)  # one per round
     # Where its rounds ran (core.machine): the budget is wall-clock, so the CPU says what it bought.
     machines: list[dict] = field(default_factory=list)
@@ -265,12 +312,20 @@ class Shared:
             meta_path.write_text(json.dumps(meta, indent=2))
         # Every arm imitates the successful demonstrations only (a failed one is no demonstration).
         self.demos = pl.read_parquet(self.dir / "demos.parquet").filter(pl.col("success"))
-        started, cpu = time.perf_counter(), time.process_time()
-        sft_recipe = replace(self.recipe, train=replace(self.recipe.train, steps=config.sft_steps))
-        self.sft = train_vla(self.demos, sft_recipe, self.dir / "sft")
-        meta.setdefault("sft_wall_s", round(time.perf_counter() - started, 1))
-        meta.setdefault("sft_cpu_s", round(time.process_time() - cpu, 1))
-        meta.setdefault("sft_steps", config.sft_steps)
+        if config.start_from:  # a trained model (the release): every arm starts from it, nothing trained here
+            self.sft = trained_start(Path(config.start_from))
+            digest = sha256_of(Path(config.start_from))
+            meta.setdefault("start_from", {"checkpoint": config.start_from, "sha256": digest})
+            meta.setdefault("sft_wall_s", 0.0)
+            meta.setdefault("sft_cpu_s", 0.0)
+            meta.setdefault("sft_steps", 0)
+        else:
+            started, cpu = time.perf_counter(), time.process_time()
+            sft_recipe = replace(self.recipe, train=replace(self.recipe.train, steps=config.sft_steps))
+            self.sft = train_vla(self.demos, sft_recipe, self.dir / "sft")
+            meta.setdefault("sft_wall_s", round(time.perf_counter() - started, 1))
+            meta.setdefault("sft_cpu_s", round(time.process_time() - cpu, 1))
+            meta.setdefault("sft_steps", config.sft_steps)
         self.sft_checkpoint = str(self.sft.checkpoint_path)
         if "rl_set" not in meta:
             meta["rl_set"] = self._choose_rl_set()
@@ -363,6 +418,24 @@ class Shared:
         return SELECTION_SEED if self.config.tune else EVAL_SEED
 
 
+@dataclass(frozen=True)
+class TrainedStart:
+    """A trained model the arms start from (CurriculumConfig.start_from), shaped as the shared SFT's result."""
+
+    checkpoint_path: Path
+    model: object
+    tokenizer: object
+    pruning: object
+
+
+def trained_start(checkpoint: Path) -> TrainedStart:
+    from learner.checkpoints import load_vla
+
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"start_from: no checkpoint at {checkpoint}")
+    return TrainedStart(checkpoint, *load_vla(checkpoint))
+
+
 def point_summary(entry: dict, rl_set: list[str], tier1_episodes: int) -> dict:
     """An evaluation's figures: the RL-set mean and its 95 % CI, the Tier 1 mean (first tier1_episodes seeds)."""
     by_seed = entry["success_by_seed"]
@@ -381,6 +454,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     from learner.checkpoints import load_vla
     from learner.online_rl import OnlineRLConfig
     from learner.stages import StageData, StageRun, run_stage, with_extra
+    from learner.teacher_labels import label_count
 
     config = shared.config
     kind = stage.split(":")[0]
@@ -401,11 +475,15 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
         t0 = time.perf_counter()
         env_steps = gather_round(arm, stage, state, shared, env, out, *load_vla(start))
         rollout_s = time.perf_counter() - t0
-        # Every round from the shared SFT, on the demonstrations + all that the rounds gathered (the aggregate).
-        retrain = replace(train, steps=config.retrain_steps, warmup_steps=10, checkpoint_every=config.retrain_steps)
-        run = replace(run, train=retrain, out_dir=out / kind / f"round-{state.rounds}", start="",
+        # Every round from the shared SFT, on the demonstrations + all that the rounds gathered (the aggregate),
+        # for steps that grow with those rows.
+        extra = gathered(state)
+        # label_count: the rows a retrain trains on (every one but the context before a label)
+        steps = retrain_steps(config, shared.demos.height + label_count(extra), shared.recipe.train.batch_size)
+        run = replace(run, train=retrain_config(train, steps), out_dir=out / kind / f"round-{state.rounds}", start="",
                       reference=shared.sft_checkpoint, stop_at=None, recipe=shared.recipe)  # fmt: skip
-        return run_stage(run, StageData(demos=shared.demos, extra=gathered(state))), env_steps, rollout_s
+        result = run_stage(run, StageData(demos=shared.demos, extra=extra))
+        return replace(result, diagnostics=result.diagnostics | {"retrain_steps": steps}), env_steps, rollout_s
     if kind == "semi_online":
         data = StageData(trajectories=shared.trajectories, cursor=state.semi_cursor)
         result = run_stage(run, data, semi=semi_online_config(config, stage))
@@ -426,6 +504,16 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     return run_stage(run, data, online=online), env_steps, rollout_s
 
 
+def retrain_steps(config: CurriculumConfig, rows: int, batch_size: int) -> int:
+    """A retrain's optimizer steps: retrain_steps, or retrain_passes passes over `rows` if that is more."""
+    return max(config.retrain_steps, math.ceil(config.retrain_passes * rows / batch_size))
+
+
+def retrain_config(train, steps: int):
+    """A retrain's schedule: `steps` at the arm's rate after a short warm-up, checkpointed at its end."""
+    return replace(train, steps=steps, warmup_steps=10, checkpoint_every=steps)
+
+
 def semi_online_config(config: CurriculumConfig, stage: str):
     from learner.semi_online import SemiOnlineConfig
 
@@ -443,24 +531,41 @@ def arm_teacher(config: CurriculumConfig):
 
 
 def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out: Path, model, tok, pruning) -> int:
-    """A retrain round's new supervision, kept in OUT/<arm>/gathered/: the teacher's labels of the policy's greedy
-    episodes (dagger), the successes of its top-k rollouts (self_imitation) or new expert demonstrations
-    (dagger:demos), round_episodes episodes or groups on the RL set, tasks in turn, new seeds each round. Counts
-    the teacher's labels in state.teacher_labels; returns the environment steps taken."""
+    """A retrain round's new supervision, kept in OUT/<arm>/gathered/, round_episodes episodes or groups on the RL
+    set, tasks in turn, new seeds each round:
+
+        dagger:demos          new expert demonstrations (every expert step a teacher call)
+        dagger                the teacher's continuations from the policy's greedy failures (continued_labels)
+        dagger:edge           the teacher's labels of the policy's greedy episodes, on the policy's history
+        dagger:dart           the noisy expert's episodes, each state labelled with its clean action
+        self_imitation        the successes of the policy's top-k rollouts
+        self_imitation:search[_teacher]   the successes the search finds from its greedy failures
+
+    Counts the teacher's calls in state.teacher_labels and the round's figures in state.diagnostics' next entry
+    (`gathered`); returns the environment steps taken."""
+    from edge_client.dart import per_step_noise
     from edge_client.experts import expert_for
+    from edge_client.search import SearchBudget
+    from flywheel.gathering.episodes import continued_labels, dart_episode, search_episode
     from learner.teacher_labels import teacher_rows, verified_successes
 
     config = shared.config
     version = f"{arm}-r{state.rounds}"
+    search = SearchBudget(candidates=config.search_candidates, branch_steps=config.search_branch_steps,
+                          simulations=config.search_simulations, env_steps=config.search_env_steps)  # fmt: skip
+    # DART's noise per task: the start's episode failure rate spread over the expert's steps an episode.
+    episodes = shared.demos.group_by("task").agg(pl.len().alias("steps"), pl.col("episode_id").n_unique().alias("n"))
+    demo_steps = {row["task"]: row["steps"] / row["n"] for row in episodes.iter_rows(named=True)}
     tasks = [shared.rl_set[(state.rounds * config.round_episodes + i) % len(shared.rl_set)]
              for i in range(config.round_episodes)]  # fmt: skip
-    frames, env_steps = [], 0
     if stage == "self_imitation":
         policy = sampling_policy(model, tok, pruning, version, out / "round.vla", config.temperature,
                                  config.self_imitation_top_k, config.seed + state.rounds)  # fmt: skip
     else:
         policy = sampling_policy(model, tok, pruning, version, out / "round.vla", 0.0, 0, 0)  # greedy
-    teacher = arm_teacher(config) if stage == "dagger" else None
+    teacher = arm_teacher(config) if stage in ("dagger", "dagger:edge") else None
+    rng = np.random.default_rng([config.seed, state.rounds])
+    frames, env_steps, calls, figures = [], 0, 0, {}
     for task in tasks:
         offset = state.next_seed.get(task, 0)
         state.next_seed[task] = offset + 1
@@ -468,11 +573,25 @@ def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out
         if stage == "dagger:demos":
             rows, steps = run_episodes(env, expert_for, [task], [seed], 1, "expert", version, config.max_steps)
             rows = rows.filter(pl.col("success"))
-            state.teacher_labels += rows.height  # every expert step is a teacher call
-        elif stage == "dagger":
+            calls += rows.height  # every expert step is a teacher call
+        elif stage == "dagger:edge":
             rows, steps = run_episodes(env, lambda _t: policy, [task], [seed], 1, version, version, config.max_steps,
                                        teacher)  # fmt: skip
             rows = teacher_rows(rows)
+        elif stage == "dagger":
+            rows, steps, continued = continued_labels(env, policy, teacher, task, seed, version, config.max_steps)
+            calls += continued
+        elif stage == "dagger:dart":
+            noise = per_step_noise(shared.meta["rl_set"]["selection_success"].get(task, 0.5), demo_steps[task])
+            rows, steps = dart_episode(env, task, seed, version, noise, config.dart_sigma_px, rng, config.max_steps)
+            calls += steps  # the expert acted at every step, and its clean action is the label
+        elif stage.startswith("self_imitation:search"):
+            budget = replace(search, teacher_calls=config.search_teacher_calls if stage.endswith("_teacher") else 0)
+            rows, steps, found = search_episode(env, policy, task, seed, version, budget, config.seed + state.rounds,
+                                                config.max_steps)  # fmt: skip
+            calls += found.pop("teacher_calls")
+            for key, value in found.items():
+                figures[key] = figures.get(key, 0) + value
         else:
             rows, steps = run_episodes(env, lambda _t: policy, [task], [seed], config.repeats, version, version,
                                        config.max_steps)  # fmt: skip
@@ -480,10 +599,15 @@ def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out
         env_steps += steps
         frames.append(rows)
     if teacher is not None:
-        state.teacher_labels += sum(teacher.labels.values())
-    keep_gathered(state, out, pl.concat(frames, how="diagonal_relaxed"), f"round-{state.rounds}")
-    say(f"arm {arm} round {state.rounds}: {stage} gathered {sum(f.height for f in frames)} rows, "
-        f"{state.teacher_labels} teacher labels so far, {env_steps} env steps")  # fmt: skip
+        calls += sum(teacher.labels.values())
+    state.teacher_labels += calls
+    new = [f for f in frames if not f.is_empty()]
+    rows = pl.concat(new, how="diagonal_relaxed") if new else pl.DataFrame()
+    keep_gathered(state, out, rows, f"round-{state.rounds}")
+    state.gathering = {"rows": sum(f.height for f in frames), "teacher_calls": calls, "env_steps": env_steps,
+                       **figures}  # fmt: skip
+    say(f"arm {arm} round {state.rounds}: {stage} gathered {state.gathering}, "
+        f"{state.teacher_labels} teacher calls so far")  # fmt: skip
     return env_steps
 
 
@@ -593,8 +717,10 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
         state.rollout_s += rollout_s
         state.learner_samples += len(result.losses) * shared.recipe.train.batch_size
         state.learner_s += result.wall_s
+        gathering = {"gathered": state.gathering} if state.gathering else {}
         state.diagnostics.append({"round": state.rounds, "stage": stage, "env_steps": state.own_env_steps,
-                                  **result.diagnostics})  # fmt: skip
+                                  **result.diagnostics, **gathering})  # fmt: skip
+        state.gathering = {}
         state.checkpoint = str(result.checkpoint_path)
         if state.spent_s >= points[len(state.curve) - 1]:
             state.curve.append(evaluate(result.model, result.tokenizer, result.pruning, len(state.curve)))
@@ -604,7 +730,33 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
             if len(state.curve) - 1 == config.curve_points:
                 export_bundle(result.model, result.tokenizer, result.pruning, out / "final.vla")
         state.save(state_path)
-    return arm_summary(arm, stages, state)
+    summary = arm_summary(arm, stages, state)
+    steps = state.diagnostics[-1].get("retrain_steps") if state.diagnostics else None
+    if config.twins and steps and state.stage.split(":")[0] in RETRAIN_STAGES:
+        summary["twin"] = {"retrain_steps": steps, "eval": str(twin_eval(shared, steps))}
+    return summary
+
+
+def twin_eval(shared: Shared, steps: int) -> Path:
+    """The no-fleet twin of a retrain of `steps` steps: that retrain from the shared SFT (the same rate, warm-up
+    and start) on the demonstrations alone, evaluated on the arms' seeds; trained once for every arm whose last
+    retrain took those steps (OUT/twins/steps-N/). Returns its eval json."""
+    from learner.stages import StageData, StageRun, run_stage
+
+    config, out = shared.config, shared.config.out / "twins" / f"steps-{steps}"
+    path = out / "eval-twin.json"
+    if path.exists():
+        return path
+    say(f"twin: {steps} steps from the start on the demonstrations alone")
+    train = retrain_config(replace(shared.recipe.train, lr=config.rl_lr), steps)
+    run = StageRun("self_imitation", train, out / "train", reference=shared.sft_checkpoint, recipe=shared.recipe)
+    result = run_stage(run, StageData(demos=shared.demos))
+    meta = {"arm": f"twin-{steps}", "step": "twin", "retrain_steps": steps,
+            "parameters": result.model.num_parameters()}  # fmt: skip
+    episodes = shared.eval_episodes()
+    evaluate_model(result.model, result.tokenizer, result.pruning, meta, tuple(episodes), episodes, out,
+                   config.eval_browsers, seed=shared.eval_seed)  # fmt: skip
+    return path
 
 
 def arm_summary(arm: str, stages: tuple[str, ...], state: ArmState) -> dict:
@@ -630,8 +782,9 @@ def final_success_by_seed(report: dict, arm: str, out: Path) -> dict | None:
 
 
 def paired_to_sft(report: dict, shared: Shared) -> None:
-    """Each arm's final RL-set success minus `sft`'s (vs_sft) and minus the shared SFT's (vs_start), paired on
-    the evaluation seeds, with 95 % bootstrap CIs; and the teacher labels each point of vs_start cost."""
+    """Each arm's final RL-set success minus `sft`'s (vs_sft), the shared SFT's (vs_start) and its no-fleet twin's
+    (vs_twin, retrain arms), paired on the evaluation seeds, with 95 % bootstrap CIs; and what each point of
+    vs_start cost in teacher calls and in the arm's own environment steps."""
     rl_set, out = report["rl_set"]["tasks"], shared.config.out
     on_rl_set = lambda by_seed: {t: by_seed[t][: shared.eval_episodes()[t]] for t in rl_set}  # noqa: E731
     start = on_rl_set(shared.start_entry()["success_by_seed"])
@@ -640,14 +793,17 @@ def paired_to_sft(report: dict, shared: Shared) -> None:
         mine = final_success_by_seed(report, arm, out)
         if mine is None:
             continue
-        for key, other in (("vs_start", start), ("vs_sft", baseline and on_rl_set(baseline))):
+        twin_path = Path(entry["twin"]["eval"]) if "twin" in entry else None
+        twin = on_rl_set(json.loads(twin_path.read_text())["success_by_seed"]) if twin_path else None
+        for key, other in (("vs_start", start), ("vs_sft", baseline and on_rl_set(baseline)), ("vs_twin", twin)):
             if other is not None:
                 diff, lo, hi = paired_diff_ci(on_rl_set(mine), other)
                 entry[key] = {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
-        # What a point of RL-set success over the shared SFT cost in teacher labels (None: no label, or no gain).
+        # What a point of RL-set success over the shared SFT cost (None: nothing spent, or no gain).
         gain = 100 * entry.get("vs_start", {}).get("diff", 0.0)
-        labels = entry.get("teacher_labels", 0)
-        entry["teacher_labels_per_point"] = round(labels / gain, 1) if labels and gain > 0 else None
+        for key, spent in (("teacher_labels_per_point", entry.get("teacher_labels", 0)),
+                           ("env_steps_per_point", entry.get("own_env_steps", 0))):  # fmt: skip
+            entry[key] = round(spent / gain, 1) if spent and gain > 0 else None
 
 
 def run_curriculum(config: CurriculumConfig) -> dict:
@@ -682,9 +838,10 @@ def run_curriculum(config: CurriculumConfig) -> dict:
     plot_curriculum(config.out / "curriculum.png", report)
     say(f"wrote {path} and {config.out / 'curriculum.png'}")
     for arm, entry in report["arms"].items():
-        vs = entry.get("vs_sft", {})
+        vs, twin = entry.get("vs_sft", {}), entry.get("vs_twin", {})
         say(f"  {arm:20s} RL set {entry['rl_set_mean']} {entry['rl_set_ci']}  vs sft {vs.get('diff')} {vs.get('ci')}  "
-            f"tier1 {entry['tier1_mean']}  env steps {entry['env_steps']}")  # fmt: skip
+            f"vs twin {twin.get('diff')} {twin.get('ci')}  tier1 {entry['tier1_mean']}  "
+            f"teacher calls {entry['teacher_labels']}  env steps {entry['env_steps']}")  # fmt: skip
     return report
 
 

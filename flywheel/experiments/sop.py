@@ -1,4 +1,4 @@
-"""`flywheel experiment sop`: SOP (flywheel.experiments.evaluation.evaluate_sop) against live success over a
+"""`flywheel experiment sop`: SOP (flywheel.experiments.eval_command.evaluate_sop) against live success over a
 curriculum run's checkpoints: does the offline proxy rank models as the environment does?"""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.console import say
-from flywheel.experiments.evaluation import EVAL_SEED, record_expert_trajectories
+from flywheel.experiments.evaluation import EVAL_SEED
+from flywheel.gathering.episodes import record_expert_trajectories
 
 
 def r_squared(xs: list[float], ys: list[float]) -> float:

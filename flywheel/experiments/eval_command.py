@@ -1,0 +1,124 @@
+"""`flywheel eval`: a model (or the experts) on every task's seeds, greedy, with an optional baseline on the same
+seeds (flywheel.experiments.evaluation.versus) and SOP, the model replaying the experts' trajectories."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from core.console import say
+from core.settings import EVAL_SEED, TIER1_TASKS, Settings
+from flywheel.experiments.evaluation import versus
+from flywheel.gathering.episodes import record_expert_trajectories
+
+
+# evaluate() takes plain arguments; the command's settings (which policy to load, where the report goes) are here.
+@dataclass(frozen=True)
+class EvalConfig:
+    """`flywheel eval`: which policy, on which tasks and seeds."""
+
+    out: Path
+    """eval.json goes here."""
+    model: str = "latest"
+    """Model file, version id, 'latest' or 'release' (the committed VLA)."""
+    policy: Literal["model", "expert"] = "model"
+    """'model' (the one --model names) or 'expert' (the scripted DOM experts)."""
+    tasks: tuple[str, ...] = TIER1_TASKS
+    """MiniWoB++ task ids and/or 'tier1', 'tier2', 'suite'."""
+    episodes: int = 50
+    """Episodes per task."""
+    seed: int = EVAL_SEED
+    """Seed of each task's first episode (training runs use small seeds)."""
+    threads: int = 1
+    """Intra-op threads of the model."""
+    keep_ratio: float | None = None
+    """VLA: visual-token keep ratio (None: the bundle's)."""
+    browsers: int = 1
+    """Browsers in parallel (threads, one model session each); the report is the same for any number."""
+    env_path: Literal["fast", "previous"] = "fast"
+    """Environment path: 'fast' or 'previous' (miniwob's own reset and step, to compare; same outcomes)."""
+    baseline: str = ""
+    """A second model (as --model names one) run on the same tasks and seeds: eval.json gains `baseline` and
+    `vs_baseline`, model - baseline paired on those seeds with its 95 % CI, over all tasks, per tier and per task."""
+    sop: bool = False
+    """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
+    and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
+
+
+def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
+                 keep_ratio: float | None = None) -> dict:  # fmt: skip
+    """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
+    from learner.semi_online import sop
+    from policy.runtime import VLARuntime
+
+    return sop(VLARuntime(bundle, keep_ratio=keep_ratio), record_expert_trajectories(tasks, episodes, seed))
+
+
+def run_eval(config: EvalConfig, settings: Settings) -> dict:
+    """`flywheel eval`: the policy on every task's seeds, greedy; OUT/eval.json, printed per task."""
+    from edge_client.env import EnvConfig
+    from edge_client.evaluate import evaluate
+
+    if config.policy == "expert":
+        from edge_client.experts import expert_for
+
+        def policies():
+            return expert_for
+    else:
+        from policy.runtime import load_policy
+        from registry.store import resolve_model
+
+        path, version = resolve_model(config.model, settings.artifacts_dir)
+
+        def policies():
+            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            return lambda _task: model
+
+    def progress(task, index, result) -> None:
+        if (index + 1) % 10 == 0 or index + 1 == config.episodes:
+            print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
+
+    report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
+                      env_config=EnvConfig(path=config.env_path, read_dom=config.policy == "expert"),
+                      browsers=config.browsers,
+                      more_policies=policies)  # fmt: skip
+    report["env_path"] = config.env_path
+    if config.baseline:
+        from policy.runtime import load_policy
+        from registry.store import resolve_model
+
+        base_path, base_version = resolve_model(config.baseline, settings.artifacts_dir)
+
+        def baseline_policies():
+            model = load_policy(base_path, base_version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            return lambda _task: model
+
+        say(f"baseline {base_version} on the same seeds")
+        baseline = evaluate(baseline_policies(), config.tasks, config.episodes, seed=config.seed,
+                            env_config=EnvConfig(path=config.env_path, read_dom=False), browsers=config.browsers,
+                            more_policies=baseline_policies)  # fmt: skip
+        report["baseline"] = {"model_version": base_version, **baseline}
+        report["vs_baseline"] = versus(report, baseline)
+    if config.sop:
+        if config.policy != "model":
+            raise SystemExit("--sop measures a model against the experts: it needs --policy model")
+        sop = evaluate_sop(path, config.tasks, config.episodes, config.seed, config.keep_ratio)
+        for task, entry in report["tasks"].items():
+            entry.update({k: v for k, v in sop["tasks"].get(task, {}).items()})
+        report["sop_progress"], report["sop_success"] = sop["sop_progress"], sop["sop_success"]
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    for task, entry in report["tasks"].items():
+        print(f"{task:24s} {entry['success_rate']:.3f}  ({entry['episodes']} episodes)")
+    print(f"{'mean':24s} {report['mean_success_rate']:.3f}")
+    speed = f"{report['episodes_per_s']:.2f} episodes/s, {report['wall_s']:.0f} s"
+    print(f"{speed} with {config.browsers} browser(s) on the {config.env_path} path")
+    if config.sop:
+        print(f"{'sop':24s} progress {report['sop_progress']:.3f}, success {report['sop_success']:.3f}")
+    for scope, entry in report.get("vs_baseline", {}).items():
+        print(f"vs baseline {scope:20s} {entry['diff']:+.3f} [{entry['ci'][0]:+.3f}, {entry['ci'][1]:+.3f}]")
+    return report
