@@ -45,8 +45,8 @@ from learner import metrics
 from learner.config import VLARecipe, VLATrainConfig
 from learner.daemon_config import DaemonConfig
 from learner.publish import publish_artifact
-from learner.stages import StageData, StageRun, run_stage, with_extra
-from learner.teacher_labels import load_teacher_labels, load_verified_successes
+from learner.stages import StageData, StageRun, retrain_steps, run_stage, with_extra
+from learner.teacher_labels import label_count, load_teacher_labels, load_verified_successes
 from learner.training_run import VLAResult
 from learner.training_tables import load_rollouts, load_samples, table_versions
 from learner.vla_export import export_bundle
@@ -179,9 +179,12 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     if stage in ("dagger", "self_imitation"):
         # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.
         extra = gathered_supervision(tables, versions, config, labelled=stage == "dagger")
-        run = retrain_run(stage, recipe, config, state.sft_checkpoint, work / f"{stage}-at-{at}")
+        demos = load_samples(tables, ("demo",), versions)
+        steps = retrain_steps(config.retrain_steps, config.retrain_passes, demos.height + label_count(extra),
+                              recipe.train.batch_size)  # fmt: skip
+        run = retrain_run(stage, recipe, config, state.sft_checkpoint, work / f"{stage}-at-{at}", steps)
         state.online_dir = f"online-after-{at}"  # anchored RL after this retrain starts from it
-        return run_stage(run, StageData(demos=load_samples(tables, ("demo",), versions), extra=extra))
+        return run_stage(run, StageData(demos=demos, extra=extra))
     if stage == "offline_rl":
         frame = load_rollouts(tables, ("demo", "success", "failure"), versions)
         offline = StageRun("offline_rl", replace(rl_train, steps=config.offline_steps), work / f"offline-at-{at}",
@@ -211,10 +214,12 @@ def rl_train_config(recipe: VLARecipe, config: DaemonConfig) -> VLATrainConfig:
     return replace(recipe.train, lr=config.rl_lr, warmup_steps=min(10, recipe.train.warmup_steps))
 
 
-def retrain_run(stage: str, recipe: VLARecipe, config: DaemonConfig, sft_checkpoint: str, out_dir: Path) -> StageRun:
-    """A retrain (dagger, self_imitation) from the SFT model: retrain_steps at rl_lr. One builder, so the no-fleet
-    twin (learner.twin) trains exactly as the version it is the twin of, on other data."""
-    train = replace(rl_train_config(recipe, config), steps=config.retrain_steps)
+def retrain_run(stage: str, recipe: VLARecipe, config: DaemonConfig, sft_checkpoint: str, out_dir: Path,
+                steps: int) -> StageRun:  # fmt: skip
+    """A retrain (dagger, self_imitation) from the SFT model: `steps` at rl_lr. One builder, so the no-fleet twin
+    (learner.twin) trains exactly as the version it is the twin of (its steps read from the version's manifest),
+    on other data."""
+    train = replace(rl_train_config(recipe, config), steps=steps)
     return StageRun(stage, train, out_dir, reference=sft_checkpoint, recipe=recipe)
 
 

@@ -51,7 +51,9 @@ class DaemonConfig:
     """After SFT: 'supervised' (retrain from SFT on demonstrations + teacher labels, or + verified successes when
     there is no label; optionally refined by anchored RL) or 'rl' (offline RL, then online PPO with guidance)."""
     retrain_steps: int = 300
-    """supervised: optimizer steps of each retrain from the SFT model (at rl_lr)."""
+    """supervised: optimizer steps at least of each retrain from the SFT model (at rl_lr) ..."""
+    retrain_passes: float = 4.0
+    """... or this many passes over its rows (the demonstrations + the fleet's labels or successes), if more."""
     rl_updates_per_retrain: int = 0
     """supervised: anchored PPO updates (online_rl:anchor, at online_lr) on fresh rollouts after each retrain."""
     self_imitation_top_k: int = 5

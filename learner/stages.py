@@ -17,6 +17,7 @@ RL: the KL to the model the call started from and to the reference, and the entr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -113,6 +114,12 @@ def run_stage(
     result, stats = semi_online_update(data.trajectories, run.train, semi, run.start, run.reference, run.out_dir,
                                        seed=run.seed, cursor=data.cursor)  # fmt: skip
     return replace(result, diagnostics=result.diagnostics | stats)
+
+
+def retrain_steps(least: int, passes: float, rows: int, batch_size: int) -> int:
+    """A retrain's optimizer steps: `least`, or `passes` passes over its `rows` if that is more (issue 44.5: a
+    fixed count spreads over more rows every round, under one pass once the fleet's rows pile up)."""
+    return max(least, math.ceil(passes * rows / batch_size))
 
 
 def with_extra(demos: pl.DataFrame, extra: pl.DataFrame | None) -> pl.DataFrame:

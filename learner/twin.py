@@ -38,6 +38,7 @@ class TwinPlan:
     start_checkpoint: str  # its weights (the learner's files, by its manifest)
     lineage: dict[str, int]  # the table versions `of` pins: the twin reads its demonstrations there
     updates_after_retrain: int  # versions between the retrain and `of` (anchored RL: no fleet, no rollouts)
+    steps: int  # the retrain's optimizer steps (its manifest's; they grow with its rows, learner.stages.retrain_steps)
 
 
 def twin_plan(settings: Settings, version: str) -> TwinPlan:
@@ -48,9 +49,10 @@ def twin_plan(settings: Settings, version: str) -> TwinPlan:
     if retrain is None or chain[-1].get("stage") != "sft" or not chain[-1].get("checkpoint"):
         stages = " <- ".join(str(m.get("stage")) for m in chain)
         raise ValueError(f"{version} ({stages}) descends from no retrain of an SFT model: it has no no-fleet twin")
-    sft = chain[-1]
-    return TwinPlan(version, chain[retrain]["stage"], chain[retrain]["version"], sft["version"], sft["checkpoint"],
-                    dict(chain[0]["lineage"]), retrain)  # fmt: skip
+    sft, retrained = chain[-1], chain[retrain]
+    steps = retrained["stage_steps"] + retrained.get("resumed_from_step", 0)
+    return TwinPlan(version, retrained["stage"], retrained["version"], sft["version"], sft["checkpoint"],
+                    dict(chain[0]["lineage"]), retrain, steps)  # fmt: skip
 
 
 def train_twin(settings: Settings, config: DaemonConfig, version: str) -> dict:
@@ -59,7 +61,7 @@ def train_twin(settings: Settings, config: DaemonConfig, version: str) -> dict:
     plan = twin_plan(settings, version)
     recipe = VLARecipe.load(config.recipe, progress_bar=False)
     out_dir = settings.learner_dir / "daemon" / f"twin-of-{version}"  # resumable, as the stages' runs are
-    run = retrain_run(plan.stage, recipe, config, plan.start_checkpoint, out_dir)
+    run = retrain_run(plan.stage, recipe, config, plan.start_checkpoint, out_dir, plan.steps)
     with pinned(settings.pins_dir, plan.lineage):
         demos = load_samples(settings.tables_dir, ("demo",), plan.lineage)  # what the retrain read, minus `extra`
         result = run_stage(run, StageData(demos=demos))

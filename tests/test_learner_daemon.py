@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
+from learner.stages import retrain_steps
 from learner.training_run import TrainingRun
 from learner.training_tables import table_versions
 from learner.twin import train_twin, twin_plan
@@ -90,10 +91,14 @@ def test_the_daemon_retrains_from_sft_on_the_teachers_labels_and_records_them_in
     assert event.stage == "dagger" and read_manifest(settings.artifacts_dir, event.version)["teacher_labels"] == 6
     assert set(event.lineage) == set(table_versions(settings.tables_dir))  # tables only: each one reopens
 
+    # The retrain's steps grew with its rows: 4 passes over 12 demonstrations + 6 labels at batch 8, not 6.
+    steps = read_manifest(settings.artifacts_dir, event.version)["stage_steps"]
+    assert steps == retrain_steps(6, config.retrain_passes, 18, 8) == 9
     # Its no-fleet twin: the same retrain (stage, steps, rate, SFT start) on the 12 demonstrations alone, stored.
     twin, retrain = train_twin(settings, config, event.version), state.versions[-1]["diagnostics"]
     assert (twin["stage"], twin["retrain"], twin["start"], twin["steps"], twin["lr"], twin["lineage"]) == (
-        "dagger", event.version, state.versions[0]["model_version"], 6, config.rl_lr, event.lineage)  # fmt: skip
+        "dagger", event.version, state.versions[0]["model_version"], 9, config.rl_lr, event.lineage)  # fmt: skip
+    assert twin["trained_steps"] == 9
     assert twin["samples"] == twin["diagnostics"]["demo_rows"] == retrain["demo_rows"] == 12
     assert twin["diagnostics"]["extra_rows"] == twin["diagnostics"]["teacher_labels"] == 0 < retrain["extra_rows"]
     assert fetch_verified(twin["artifact_uri"], twin["sha256"]).is_file() and twin["updates_after_retrain"] == 0

@@ -68,7 +68,6 @@ OUT/<arm>/final.vla (the last checkpoint's bundle, to evaluate later on other ta
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -453,7 +452,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     (VLAResult, env steps it took, rollout seconds)."""
     from learner.checkpoints import load_vla
     from learner.online_rl import OnlineRLConfig
-    from learner.stages import StageData, StageRun, run_stage, with_extra
+    from learner.stages import StageData, StageRun, retrain_steps, run_stage, with_extra
     from learner.teacher_labels import label_count
 
     config = shared.config
@@ -479,7 +478,8 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
         # for steps that grow with those rows.
         extra = gathered(state)
         # label_count: the rows a retrain trains on (every one but the context before a label)
-        steps = retrain_steps(config, shared.demos.height + label_count(extra), shared.recipe.train.batch_size)
+        rows = shared.demos.height + label_count(extra)
+        steps = retrain_steps(config.retrain_steps, config.retrain_passes, rows, shared.recipe.train.batch_size)
         run = replace(run, train=retrain_config(train, steps), out_dir=out / kind / f"round-{state.rounds}", start="",
                       reference=shared.sft_checkpoint, stop_at=None, recipe=shared.recipe)  # fmt: skip
         result = run_stage(run, StageData(demos=shared.demos, extra=extra))
@@ -502,11 +502,6 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
                             negative_weight=config.online_negative_weight,
                             target_kl=config.online_target_kl)  # fmt: skip
     return run_stage(run, data, online=online), env_steps, rollout_s
-
-
-def retrain_steps(config: CurriculumConfig, rows: int, batch_size: int) -> int:
-    """A retrain's optimizer steps: retrain_steps, or retrain_passes passes over `rows` if that is more."""
-    return max(config.retrain_steps, math.ceil(config.retrain_passes * rows / batch_size))
 
 
 def retrain_config(train, steps: int):
