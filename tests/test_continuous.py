@@ -81,7 +81,8 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
-            "--retrain-steps", "5", "--rl-updates-per-retrain", "1", "--machines", "--workers", "2",
+            "--retrain-steps", "5", "--retrain-passes", "0", "--rl-updates-per-retrain", "1", "--machines",
+            "--workers", "2",
             "--recipe", "demo", "--start-from", ""]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
                             env={**os.environ, **broker_env, "FLYWHEEL_DATA_DIR": s3_settings.data_dir},
