@@ -12,6 +12,9 @@ the policy's top candidates and reward-filtered episodes.
 Branches go from the latest failing step back. A reset must reproduce the failed episode's screens: a replayed
 screen that differs from the recorded one (beyond the rasteriser's noise) stops the search of that episode, since
 its successes would not be the policy's states. Evaluation seeds are never searched.
+
+`continue_by_teacher` is the same replay with no candidate: the teacher's own trajectory from a step of the
+policy's episode, DAgger's labels with a history the teacher would have produced (issue 44.3).
 """
 
 from __future__ import annotations
