@@ -70,6 +70,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -354,6 +355,12 @@ class Shared:
         return {"tasks": tasks, "rule": rule, "selection_success": rates, "selection_seeds": seeds,
                 "eval_seeds": [EVAL_SEED, EVAL_SEED + config.eval_episodes - 1]}  # fmt: skip
 
+    @cached_property
+    def steps_per_demonstration(self) -> dict[str, float]:
+        """Each task's mean expert steps an episode in the demonstrations."""
+        counts = self.demos.group_by("task").agg(pl.len().alias("steps"), pl.col("episode_id").n_unique().alias("n"))
+        return {row["task"]: row["steps"] / row["n"] for row in counts.iter_rows(named=True)}
+
     @property
     def trajectories(self) -> pl.DataFrame:
         """The RL set's demonstrations: semi-online RL's expert trajectories."""
@@ -548,9 +555,6 @@ def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out
     version = f"{arm}-r{state.rounds}"
     search = SearchBudget(candidates=config.search_candidates, branch_steps=config.search_branch_steps,
                           simulations=config.search_simulations, env_steps=config.search_env_steps)  # fmt: skip
-    # DART's noise per task: the start's episode failure rate spread over the expert's steps an episode.
-    episodes = shared.demos.group_by("task").agg(pl.len().alias("steps"), pl.col("episode_id").n_unique().alias("n"))
-    demo_steps = {row["task"]: row["steps"] / row["n"] for row in episodes.iter_rows(named=True)}
     tasks = [shared.rl_set[(state.rounds * config.round_episodes + i) % len(shared.rl_set)]
              for i in range(config.round_episodes)]  # fmt: skip
     if stage == "self_imitation":
@@ -577,7 +581,9 @@ def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out
             rows, steps, continued = continued_labels(env, policy, teacher, task, seed, version, config.max_steps)
             calls += continued
         elif stage == "dagger:dart":
-            noise = per_step_noise(shared.meta["rl_set"]["selection_success"].get(task, 0.5), demo_steps[task])
+            # DART's noise: the start's episode failure rate on the task spread over the expert's steps an episode.
+            success = shared.meta["rl_set"]["selection_success"].get(task, 0.5)
+            noise = per_step_noise(success, shared.steps_per_demonstration[task])
             rows, steps = dart_episode(env, task, seed, version, noise, config.dart_sigma_px, rng, config.max_steps)
             calls += steps  # the expert acted at every step, and its clean action is the label
         elif stage.startswith("self_imitation:search"):

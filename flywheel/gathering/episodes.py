@@ -114,16 +114,16 @@ def continued_labels(env, policy, teacher, task: str, seed: int, version: str, m
     from edge_client.episode import run_episode
     from edge_client.experts import expert_for
     from edge_client.search import continue_by_teacher
-    from learner.teacher_labels import teacher_agreement
+    from learner.action_match import action_score
 
     episode = run_episode(env, policy, task, seed, max_steps, teacher=teacher)
     if episode.success:
         return pl.DataFrame(), episode.steps, 0
-    agreement = teacher_agreement(to_frame(episode_rows(episode, "probe", version)))
-    differs = np.flatnonzero(agreement < 1.0)  # NaN (no label asked) compares false
-    if differs.size == 0:
+    differs = [r.step for r in episode.records if r.teacher is not None and
+               action_score(r.decision.action, r.teacher.action, r.teacher.target_box) < 1.0]  # fmt: skip
+    if not differs:
         return pl.DataFrame(), episode.steps, 0
-    at = int(differs[0])
+    at = differs[0]
     continued = continue_by_teacher(env, policy, episode, at, expert_for(task), max_steps)
     if continued is None:
         return pl.DataFrame(), episode.steps, 0
