@@ -3,7 +3,8 @@
 Where the policy failed a (task, seed), the search resets the same seed, replays the failed episode's prefix, takes
 one of the policy's other likely actions at a failing step, and lets the policy itself (or, within a budget of
 calls, the teacher) finish the episode. The episodes that succeed are kept for filtered BC, as Pix2Act did with
-the policy's top candidates and reward-filtered episodes.
+the policy's top candidates and reward-filtered episodes; where the teacher finished one, only its steps are
+targets (`targets_from`), the policy's failing prefix and candidate their history.
 
     failed episode   a0 a1 a2 -> failure
     branch at 2      a0 a1 c  -> policy ... -> success?    c: the policy's likeliest actions at step 2 other than a2
@@ -66,6 +67,10 @@ class SearchResult:
     task: str
     seed: int
     successes: list[EpisodeResult] = field(default_factory=list)
+    targets_from: list[int] = field(default_factory=list)
+    """Each success's first step worth imitating: 0 where the policy finished the branch itself (the whole episode
+    is its own), else the teacher's first step. The teacher recovers from any candidate, a noop included, so a
+    teacher-finished success says nothing for the policy's prefix and candidate: they are its context only."""
     simulations: int = 0
     env_steps: int = 0
     teacher_calls: int = 0
@@ -162,6 +167,7 @@ def search_failure(env: Env, policy, failed: EpisodeResult, budget: SearchBudget
                 return out
             if result.success:
                 out.successes.append(result)
+                out.targets_from.append(j + 1 if branch.calls else 0)
                 break  # one success a failing step: the next step back may find another way
     return out
 

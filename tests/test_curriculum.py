@@ -88,6 +88,9 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     assert sum(g["failures"] for g in found) > 0 and sum(g["found"] for g in found) > 0
     assert search["teacher_labels"] == sum(g["teacher_calls"] for g in found) > 0
     assert all(g["teacher_calls"] <= 10 * g["failures"] for g in found)  # search_teacher_calls a failure
+    # The teacher's steps of a success are its targets; the policy's failing prefix and candidate only context.
+    found_rows = pl.concat([pl.read_parquet(p) for p in (out / "search_bc_teacher" / "gathered").glob("*.parquet")])
+    assert found_rows["train"].any() and not found_rows["train"].all()
     # DART: every noisy expert step is a call and a label (the clean action), with the history it took.
     dart = report["arms"]["dart"]
     dart_rows = pl.concat([pl.read_parquet(p) for p in (out / "dart" / "gathered").glob("*.parquet")])

@@ -12,6 +12,7 @@ from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import run_episode
 from edge_client.experts import expert_for
 from edge_client.search import Branch, SearchBudget, continue_by_teacher, failing_steps, search_failure
+from flywheel.gathering.episodes import label_rows
 from policy.interface import Decision, Observation
 from policy.runtime import load_policy
 from registry.store import RELEASE_DIR
@@ -78,6 +79,7 @@ def test_the_search_finds_real_successes_from_the_released_models_failures_on_it
     for search in searched:  # within the budget, and no replay disagreed with the failed episode's screens
         assert search.simulations <= budget.simulations and search.env_steps <= budget.env_steps
         assert search.stopped != "nondeterministic" and search.teacher_calls == 0
+        assert search.targets_from == [0] * len(search.successes)  # the policy's own successes: imitated whole
 
 
 @pytest.mark.browser
@@ -99,6 +101,11 @@ def test_the_teacher_finishes_a_branch_within_its_calls_and_the_policy_after() -
     assert 0 < search.teacher_calls <= budget.teacher_calls
     assert search.stopped != "nondeterministic"
     assert search.successes, (failing_steps(failed), search)
+    # The teacher finished every success: its steps are the targets, the policy's prefix and candidate context.
+    branched_at = failing_steps(failed)[0]
+    assert search.targets_from == [branched_at + 1] * len(search.successes)
+    rows = label_rows(search.successes[0], "found", "release", search.targets_from[0])
+    assert rows["train"].to_list() == [step > branched_at for step in rows["step"]]
     assert continued is not None and continued.success  # the replayed step matched, then the expert solved it
     assert continued.records[0].decision == failed.records[0].decision  # the policy's own first step, replayed
     assert all(r.decision.logprob is None for r in continued.records[1:])  # then the expert's (no model logprob)

@@ -32,7 +32,8 @@
                         (edge_client.search: the same seed, the prefix replayed, the policy's other likely
                         actions at the failing steps, the policy finishing), the successes found kept, then SFT
                         from the shared SFT on the demonstrations + every success so far (no teacher)
-    search_bc_teacher   search_bc, the teacher finishing a branch within search_teacher_calls a failure
+    search_bc_teacher   search_bc, the teacher finishing a branch within search_teacher_calls a failure; the
+                        teacher's steps of a success are its targets, the policy's prefix and candidate context
     search_bc_rl        search_bc for offline_share of the budget, then online PPO anchored on the demonstrations
                         + the successes found
     self_imitation      each round: the policy's top-k sampled episodes on the RL set, the successes kept, then

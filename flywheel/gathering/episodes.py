@@ -7,7 +7,8 @@ beyond demonstrations (issue 44), one (task, seed) at a time, as SFT rows a retr
     continued_labels   DAgger whose labels fit their history: the teacher's own continuation from a greedy
                        failure's first disagreement, kept when it succeeds (edge_client.search.continue_by_teacher)
     dart_episode       the expert acting with noise, each state labelled with its clean action (edge_client.dart)
-    search_episode     the successes a search from the policy's greedy failure finds (edge_client.search)
+    search_episode     the successes a search from the policy's greedy failure finds (edge_client.search), the
+                       teacher's steps alone where it finished one
 """
 
 from __future__ import annotations
@@ -162,13 +163,12 @@ def dart_episode(env, task: str, seed: int, version: str, noise: float, sigma_px
 
 def search_episode(env, policy, task: str, seed: int, version: str, budget, search_seed: int, max_steps: int):
     """The policy's greedy episode; where it fails, the search from it (edge_client.search, within `budget`; its
-    teacher_calls > 0: the expert finishes branches). The successes found, whole, as SFT rows (the greedy
-    successes are not kept: they are what the policy already does). Returns (rows, env steps, figures with
-    teacher_calls)."""
+    teacher_calls > 0: the expert finishes branches). The successes found as label rows (label_rows: targets from
+    SearchResult.targets_from; the greedy successes are not kept: they are what the policy already does).
+    Returns (rows, env steps, figures with teacher_calls)."""
     from edge_client.episode import run_episode
     from edge_client.experts import expert_for
     from edge_client.search import search_failure
-    from learner.training_tables import SFT_COLUMNS
 
     episode = run_episode(env, policy, task, seed, max_steps)
     figures = {"episodes": 1, "failures": 0, "found": 0, "simulations": 0, "nondeterministic": 0, "teacher_calls": 0}
@@ -179,7 +179,10 @@ def search_episode(env, policy, task: str, seed: int, version: str, budget, sear
     stopped = int(found.stopped == "nondeterministic")
     figures |= {"failures": 1, "found": int(bool(found.successes)), "simulations": found.simulations,
                 "teacher_calls": found.teacher_calls, "nondeterministic": stopped}  # fmt: skip
-    rows = [row for k, result in enumerate(found.successes)
-            for row in episode_rows(result, f"{version}-{task}-{seed}-found-{k}", version)]  # fmt: skip
-    frame = to_frame(rows).select(SFT_COLUMNS) if rows else pl.DataFrame()
+    # A success the policy finished is imitated whole; one the teacher finished, from the teacher's first step on
+    # (its prefix, the policy's failure and a candidate, is context: imitated, it taught noops and wrong clicks).
+    successes = enumerate(zip(found.successes, found.targets_from, strict=True))
+    rows = [label_rows(result, f"{version}-{task}-{seed}-found-{k}", version, first) for k, (result, first) in
+            successes]  # fmt: skip
+    frame = pl.concat(rows) if rows else pl.DataFrame()
     return frame, episode.steps + found.env_steps, figures
