@@ -221,7 +221,8 @@ class CurriculumConfig:
     max_steps: int = 10
     """An episode still running after this many steps fails."""
     seed: int = 0
-    """Seed of the rollouts' sampling, the task draws and the semi-online batches."""
+    """Seed of the rollouts' sampling, the task draws and the semi-online batches, and added to the recipe's seed
+    for the arms' and twins' training batches (a second run with another seed: the run-to-run spread)."""
     tune: bool = False
     """A tuning run: every curve point is evaluated on the selection seeds (selection_episodes per RL-set task,
     Tier 1 on the first tier1_episodes of them), its start is the RL-set selection's evaluation, and no figure
@@ -357,6 +358,12 @@ class Shared:
                 "eval_seeds": [EVAL_SEED, EVAL_SEED + config.eval_episodes - 1]}  # fmt: skip
 
     @cached_property
+    def train(self):
+        """The recipe's training settings for the arms' updates and twins, its batch seed offset by the run's `seed`
+        (a second run with another seed draws other batches: the run-to-run spread of an arm)."""
+        return replace(self.recipe.train, seed=self.recipe.train.seed + self.config.seed)
+
+    @cached_property
     def steps_per_demonstration(self) -> dict[str, float]:
         """Each task's mean expert steps an episode in the demonstrations."""
         counts = self.demos.group_by("task").agg(pl.len().alias("steps"), pl.col("episode_id").n_unique().alias("n"))
@@ -467,7 +474,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     kind = stage.split(":")[0]
     # A long schedule sliced by stop_at: past its warm-up the learning rate stays ~lr for the whole budget.
     lr = config.online_lr if kind in ("online_rl", "semi_online") else config.rl_lr
-    train = replace(shared.recipe.train, lr=lr, steps=100_000, warmup_steps=10, checkpoint_every=0)
+    train = replace(shared.train, lr=lr, steps=100_000, warmup_steps=10, checkpoint_every=0)
     start = state.checkpoint or origin
     run = StageRun(stage, train, out / {"sft": "sft", "offline_rl": "offline", "online_rl": "online",
                                         "semi_online": "semi_online"}.get(kind, kind), start=start,
@@ -750,7 +757,7 @@ def twin_eval(shared: Shared, steps: int) -> Path:
     if path.exists():
         return path
     say(f"twin: {steps} steps from the start on the demonstrations alone")
-    train = retrain_config(replace(shared.recipe.train, lr=config.rl_lr), steps)
+    train = retrain_config(replace(shared.train, lr=config.rl_lr), steps)
     run = StageRun("self_imitation", train, out / "train", reference=shared.sft_checkpoint, recipe=shared.recipe)
     result = run_stage(run, StageData(demos=shared.demos))
     meta = {"arm": f"twin-{steps}", "step": "twin", "retrain_steps": steps,
