@@ -78,10 +78,12 @@ class SearchResult:
 
 
 def candidate_actions(policy, obs: Observation, previous: np.ndarray | None, history: Sequence[Action],
-                      taken: Action, budget: SearchBudget, rng: np.random.Generator) -> list[Action]:  # fmt: skip
+                      taken: Action, budget: SearchBudget, rng: np.random.Generator,
+                      skip_types: tuple[str, ...] = ()) -> list[Action]:  # fmt: skip
     """The policy's likeliest actions at `obs` other than `taken`: `budget.draws` samples among the top 5 tokens,
     distinct actions ranked by their log-probability (under the flattened draw: the same order token by token),
-    the best `budget.candidates` that are not in the same place as the action taken or a likelier candidate."""
+    the best `budget.candidates` that are not in the same place as the action taken or a likelier candidate, nor
+    of a type in `skip_types`."""
     runtime = policy.runtime  # a VLAPolicy's: a stateless step from (screen, previous frame, history)
     sampling = Sampling(temperature=budget.temperature, top_k=5)
     best: dict[Action, float] = {}
@@ -91,6 +93,8 @@ def candidate_actions(policy, obs: Observation, previous: np.ndarray | None, his
         best[action] = max(best.get(action, -np.inf), gen.action_logprob)
     chosen: list[Action] = []
     for action in sorted(best, key=best.get, reverse=True):
+        if action.type in skip_types:
+            continue
         if not any(same_place(action, other, budget.distinct_px) for other in [taken, *chosen]):
             chosen.append(action)
     return chosen[: budget.candidates]
@@ -149,7 +153,10 @@ def search_failure(env: Env, policy, failed: EpisodeResult, budget: SearchBudget
         record = failed.records[j]
         previous = failed.records[j - 1].obs.screenshot if j else None
         history, action = [d.action for d in taken[:j]], taken[j].action
-        for candidate in candidate_actions(policy, record.obs, previous, history, action, budget, rng):
+        # With a teacher to finish, a noop is no alternative: the teacher would solve the failing screen behind it,
+        # labels the greedy policy never reaches (122 of 147 such successes in issue 44's first fixed run).
+        skip = ("noop",) if teacher is not None else ()
+        for candidate in candidate_actions(policy, record.obs, previous, history, action, budget, rng, skip):
             if out.simulations >= budget.simulations:
                 out.stopped = "simulations"
                 return out

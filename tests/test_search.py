@@ -104,6 +104,8 @@ def test_the_teacher_finishes_a_branch_within_its_calls_and_the_policy_after() -
     # The teacher finished every success: its steps are the targets, the policy's prefix and candidate context.
     branched_at = failing_steps(failed)[0]
     assert search.targets_from == [branched_at + 1] * len(search.successes)
+    # With a teacher to finish, a noop is no candidate (the teacher would solve the failing screen behind it).
+    assert all(s.records[branched_at].decision.action.type != "noop" for s in search.successes)
     rows = label_rows(search.successes[0], "found", "release", search.targets_from[0])
     assert rows["train"].to_list() == [step > branched_at for step in rows["step"]]
     assert continued is not None and continued.success  # the replayed step matched, then the expert solved it
