@@ -337,8 +337,12 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_curriculum(args: argparse.Namespace) -> int:
     from flywheel.experiments.curriculum import CurriculumConfig, run_curriculum
+    from flywheel.run.release import recipe_demonstrations
 
-    run_curriculum(config_from(args, CurriculumConfig))
+    settings = get_settings()
+    run_curriculum(
+        config_from(args, CurriculumConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
+    )
     return 0
 
 

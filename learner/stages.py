@@ -36,6 +36,7 @@ from learner.semi_online import SemiOnlineConfig, semi_online_update
 from learner.sft import train_vla
 from learner.teacher_labels import LABEL_COLUMNS, label_count
 from learner.training_run import VLAResult, open_run
+from learner.training_tables import SFT_COLUMNS
 from policy.pruning import keep_count
 
 STAGES = ("sft", "offline_rl", "online_rl", "semi_online", "dagger", "self_imitation")
@@ -129,6 +130,23 @@ def with_extra(demos: pl.DataFrame, extra: pl.DataFrame | None) -> pl.DataFrame:
     keep = [c for c in LABEL_COLUMNS if c in demos.columns]
     return pl.concat([demos.select(keep), extra.select([c for c in LABEL_COLUMNS if c in extra.columns])],
                      how="diagonal_relaxed")  # fmt: skip
+
+
+def with_replay(demos: pl.DataFrame, replay: pl.DataFrame) -> pl.DataFrame:
+    """The demonstrations and a replayed demonstration set (a trained start's own mix) as one SFT frame, the
+    replay's episodes renamed so that no history crosses from one set into the other."""
+    keep = [c for c in (*SFT_COLUMNS, "target_box") if c in demos.columns and c in replay.columns]
+    replay = replay.with_columns(pl.format("replay-{}", "episode_id").alias("episode_id"))
+    return pl.concat([demos.select(keep), replay.select(keep)], how="diagonal_relaxed")
+
+
+def repeated(rows: pl.DataFrame | None, times: int) -> pl.DataFrame | None:
+    """`times` copies of `rows`, each copy its own episodes (a row's history stays within its copy): weighs a
+    few rows against the larger frame they are sampled with."""
+    if rows is None or times <= 1:
+        return rows
+    copy = lambda k: pl.format("{}~{}", "episode_id", pl.lit(k)).alias("episode_id")  # noqa: E731
+    return pl.concat([rows.with_columns(copy(k)) for k in range(times)])
 
 
 @torch.no_grad()

@@ -50,7 +50,7 @@ def test_a_paired_difference_uses_the_shared_tasks_and_seeds_only():
 
 
 def test_an_eval_against_its_baseline_is_paired_per_tier_and_per_task():
-    from flywheel.experiments.evaluation import versus
+    from flywheel.gathering.evaluation import versus
 
     def report(ends: dict[str, str]) -> dict:
         return {"tasks": {task: {"termination_by_seed": list(seeds)} for task, seeds in ends.items()}}

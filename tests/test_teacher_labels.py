@@ -15,7 +15,7 @@ from learner.dataset import VLADataset
 from learner.online_rl import step_credit_advantages
 from learner.semi_online import sop
 from learner.sft import train_vla
-from learner.stages import StageData, StageRun, run_stage
+from learner.stages import StageData, StageRun, repeated, run_stage, with_extra, with_replay
 from learner.teacher_labels import label_count, teacher_agreement, teacher_rows, verified_successes
 from learner.vla_export import export_bundle
 from policy.interface import Observation
@@ -84,6 +84,30 @@ def test_a_labelled_steps_prompt_holds_the_actions_the_policy_took_and_batches_n
     assert data.action[2] == Action("click", 110.0, 130.0)
     drawn = data.sample(np.random.default_rng(0), 200)
     assert set(drawn.tolist()) == {0, 2}  # step 1 is context only
+
+
+def test_gathered_rows_weighed_in_by_copies_and_a_replayed_mix_keep_each_rows_own_history():
+    """A retrain on a replayed mix (the start's demonstrations, --replay) + copies of the gathered rows
+    (--gathered-repeats): a replayed row's prompt holds its own episode's actions where a demonstration shares its
+    id, a copy's its own, and the copies weigh the labels up as many times."""
+    model, tok, pruning = load_tiny()
+    labels = teacher_rows(steps_frame([
+        step("a", 0, ("click", 20, 30)), step("a", 1, ("click", 40, 50), label=("click", 100, 120)),
+    ]))  # fmt: skip
+    mix = steps_frame([step("a", 0, ("click", 90, 90)), step("a", 1, ("click", 70, 80))])
+    demos = steps_frame([step("a", 0, ("click", 11, 12)), step("a", 1, ("click", 13, 14))])  # the mix's ids
+    frame = with_extra(with_replay(demos, mix), repeated(labels, 3))
+    assert label_count(repeated(labels, 3)) == 3 * label_count(labels) == 3
+    assert repeated(labels, 1) is labels and repeated(None, 3) is None
+    data = VLADataset(frame, tok, model.cfg, pruning)
+    prompt = lambda taken: tok.prompt_ids("Click red, then blue.", model.cfg.max_instruction_tokens, taken,  # noqa: E731
+                                          model.cfg.history_actions)  # fmt: skip
+    copies = [i for i in range(len(data)) if data.action[i] == Action("click", 100.0, 120.0)]
+    assert len(copies) == 3 and all(data.prompt[i] == prompt([Action("click", 20.0, 30.0)]) for i in copies)
+    for taken, before in (((13.0, 14.0), (11.0, 12.0)), ((70.0, 80.0), (90.0, 90.0))):  # a demo's, a replayed row
+        row = next(i for i in range(len(data)) if data.action[i] == Action("click", *taken))
+        assert data.prompt[row] == prompt([Action("click", *before)])
+    assert len(data) == 2 + 2 + 3 * 2  # the demonstration, the mix, three copies of the label and its context
 
 
 def test_self_imitation_keeps_successes_drawn_greedily_or_from_the_top_k_only():

@@ -46,7 +46,8 @@
 A retrain round trains max(retrain_steps, retrain_passes x rows / batch) steps (issue 44.5: a fixed count spreads
 over more rows each round), and each retrain arm's last model has a no-fleet twin: the same steps, rate and start
 on the demonstrations alone (OUT/twins/, shared by arms of the same steps), reported as vs_twin.
-With `start_from` (e.g. the release) the arms start from that trained model instead of a shared SFT.
+With `start_from` (e.g. the release) the arms start from that trained model instead of a shared SFT; with
+`replay`, the sft arm, the retrains and the twins also imitate a release's demonstrations (the start's own mix).
 
 An online round (the signal per environment step): groups of `repeats` rollouts of one (task, seed) on the
 RL set, the task drawn with a weight that falls when its recent groups were all-success or all-failure
@@ -81,8 +82,8 @@ from core.console import say
 from core.machine import machine
 from core.settings import SUITE_TASKS, TIER1_TASKS, TIER2_TASKS
 from core.stats import mean_ci, paired_diff_ci
-from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model
 from flywheel.gathering.episodes import run_episodes, sampling_policy
+from flywheel.gathering.evaluation import EVAL_SEED, evaluate_model
 from registry.store import sha256_of
 
 ARMS: dict[str, tuple[str, ...]] = {
@@ -195,6 +196,14 @@ class CurriculumConfig:
     round's SFT from the shared SFT (at rl_lr, the rate the sft arm continues at) ..."""
     retrain_passes: float = 4.0
     """... or this many passes over the demonstrations + the round's trainable rows, if more."""
+    replay: str = ""
+    """A `flywheel release` build directory (e.g. runs/release) whose demonstrations (--recipe's, collected there
+    when missing, as the release does) the sft arm, the retrains and the twins train on too: with --start-from,
+    the start's own training mix, so a retrain can take the steps new rows need without forgetting what the start
+    learned ("": the shared demonstrations alone)."""
+    gathered_repeats: int = 1
+    """Retrain arms: copies of each gathered row in a retrain (each its own episode): weighs the fleet's rows
+    against a large replay mix."""
     twins: bool = True
     """Train and evaluate each retrain arm's no-fleet twin at its last round's steps (vs_twin)."""
     round_episodes: int = 16
@@ -294,12 +303,12 @@ def stage_at(stages: tuple[str, ...], spent: float, budget: float, offline_share
 class Shared:
     """The demonstrations, the SFT model, the RL set and the logged fleet every arm starts from (OUT/shared/)."""
 
-    def __init__(self, config: CurriculumConfig, env):
+    def __init__(self, config: CurriculumConfig, env, replay_demos=None):
         from edge_client.experts import expert_for
         from learner.config import VLARecipe
         from learner.sft import train_vla
 
-        self.config, self.dir, self.env = config, config.out / "shared", env
+        self.config, self.dir, self.env, self.replay_demos = config, config.out / "shared", env, replay_demos
         self.dir.mkdir(parents=True, exist_ok=True)
         self.recipe = VLARecipe.load(config.recipe, progress_bar=False)
         meta_path = self.dir / "meta.json"
@@ -332,8 +341,9 @@ class Shared:
         if "rl_set" not in meta:
             meta["rl_set"] = self._choose_rl_set()
         self.rl_set: list[str] = meta["rl_set"]["tasks"]
-        meta_path.write_text(json.dumps(meta, indent=2))
         self.meta, self._logged = meta, None
+        self.base  # noqa: B018  (the replay read now: its size goes into meta)
+        meta_path.write_text(json.dumps(meta, indent=2))
 
     def _choose_rl_set(self) -> dict:
         config = self.config
@@ -362,6 +372,20 @@ class Shared:
         """The recipe's training settings for the arms' updates and twins, its batch seed offset by the run's `seed`
         (a second run with another seed draws other batches: the run-to-run spread of an arm)."""
         return replace(self.recipe.train, seed=self.recipe.train.seed + self.config.seed)
+
+    @cached_property
+    def base(self) -> pl.DataFrame:
+        """What the sft arm, the retrains and the twins imitate: the demonstrations, and the replay's too."""
+        from learner.stages import with_replay
+
+        if not self.config.replay:
+            return self.demos
+        if self.replay_demos is None:
+            raise ValueError("replay: no way to read a release's demonstrations was given (run_curriculum's)")
+        base = with_replay(self.demos, self.replay_demos(self.recipe.raw, Path(self.config.replay)))
+        self.meta["replay_rows"] = base.height - self.demos.height
+        say(f"replay: {self.meta['replay_rows']} demonstration steps of {self.config.replay}")
+        return base
 
     @cached_property
     def steps_per_demonstration(self) -> dict[str, float]:
@@ -467,7 +491,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     (VLAResult, env steps it took, rollout seconds)."""
     from learner.checkpoints import load_vla
     from learner.online_rl import OnlineRLConfig
-    from learner.stages import StageData, StageRun, retrain_steps, run_stage, with_extra
+    from learner.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
     from learner.teacher_labels import label_count
 
     config = shared.config
@@ -482,7 +506,7 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
                    stop_at=(state.rounds + 1) * config.update_steps, env_steps=state.own_env_steps,
                    seed=config.seed + state.rounds)  # fmt: skip
     if kind == "sft":
-        return run_stage(run, StageData(demos=shared.demos)), 0, 0.0
+        return run_stage(run, StageData(demos=shared.base)), 0, 0.0
     if kind == "offline_rl":
         return run_stage(run, StageData(logged=shared.logged)), 0, 0.0
     if kind in RETRAIN_STAGES:
@@ -491,13 +515,13 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
         rollout_s = time.perf_counter() - t0
         # Every round from the shared SFT, on the demonstrations + all that the rounds gathered (the aggregate),
         # for steps that grow with those rows.
-        extra = gathered(state)
+        extra = repeated(gathered(state), config.gathered_repeats)
         # label_count: the rows a retrain trains on (every one but the context before a label)
-        rows = shared.demos.height + label_count(extra)
+        rows = shared.base.height + label_count(extra)
         steps = retrain_steps(config.retrain_steps, config.retrain_passes, rows, shared.recipe.train.batch_size)
         run = replace(run, train=retrain_config(train, steps), out_dir=out / kind / f"round-{state.rounds}", start="",
                       reference=shared.sft_checkpoint, stop_at=None, recipe=shared.recipe)  # fmt: skip
-        result = run_stage(run, StageData(demos=shared.demos, extra=extra))
+        result = run_stage(run, StageData(demos=shared.base, extra=extra))
         return replace(result, diagnostics=result.diagnostics | {"retrain_steps": steps}), env_steps, rollout_s
     if kind == "semi_online":
         data = StageData(trajectories=shared.trajectories, cursor=state.semi_cursor)
@@ -759,7 +783,7 @@ def twin_eval(shared: Shared, steps: int) -> Path:
     say(f"twin: {steps} steps from the start on the demonstrations alone")
     train = retrain_config(replace(shared.train, lr=config.rl_lr), steps)
     run = StageRun("self_imitation", train, out / "train", reference=shared.sft_checkpoint, recipe=shared.recipe)
-    result = run_stage(run, StageData(demos=shared.demos))
+    result = run_stage(run, StageData(demos=shared.base))
     meta = {"arm": f"twin-{steps}", "step": "twin", "retrain_steps": steps,
             "parameters": result.model.num_parameters()}  # fmt: skip
     episodes = shared.eval_episodes()
@@ -815,7 +839,8 @@ def paired_to_sft(report: dict, shared: Shared) -> None:
             entry[key] = round(spent / gain, 1) if spent and gain > 0 else None
 
 
-def run_curriculum(config: CurriculumConfig) -> dict:
+def run_curriculum(config: CurriculumConfig, replay_demos=None) -> dict:
+    """`replay_demos(recipe, work)`: a recipe's demonstrations collected in (or reused from) work, for `replay`."""
     from edge_client.env import GuiEnv
 
     names = list(ARMS) if config.arms == "all" else [a for a in config.arms.split(",") if a]
@@ -827,7 +852,7 @@ def run_curriculum(config: CurriculumConfig) -> dict:
     report = json.loads(path.read_text()) if path.exists() else {"arms": {}}
     env = GuiEnv(config.tasks[0])
     try:
-        shared = Shared(config, env)
+        shared = Shared(config, env, replay_demos)
         report["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
         report["shared"] = {k: v for k, v in shared.meta.items() if k != "rl_set"}
         report["rl_set"] = {k: shared.meta["rl_set"][k] for k in ("tasks", "rule", "selection_seeds", "eval_seeds")}

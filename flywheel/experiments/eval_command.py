@@ -1,5 +1,5 @@
 """`flywheel eval`: a model (or the experts) on every task's seeds, greedy, with an optional baseline on the same
-seeds (flywheel.experiments.evaluation.versus) and SOP, the model replaying the experts' trajectories."""
+seeds (flywheel.gathering.evaluation.versus) and SOP, the model replaying the experts' trajectories."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Literal
 
 from core.console import say
 from core.settings import EVAL_SEED, TIER1_TASKS, Settings
-from flywheel.experiments.evaluation import versus
 from flywheel.gathering.episodes import record_expert_trajectories
+from flywheel.gathering.evaluation import versus
 
 
 # evaluate() takes plain arguments; the command's settings (which policy to load, where the report goes) are here.

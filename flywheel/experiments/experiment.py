@@ -28,7 +28,7 @@ import polars as pl
 
 from core.console import say
 from core.settings import parse_tasks
-from flywheel.experiments.evaluation import EVAL_SEED, evaluate_model
+from flywheel.gathering.evaluation import EVAL_SEED, evaluate_model
 
 DIAGNOSE_EPISODES = 40
 

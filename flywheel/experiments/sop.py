@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.console import say
-from flywheel.experiments.evaluation import EVAL_SEED
 from flywheel.gathering.episodes import record_expert_trajectories
+from flywheel.gathering.evaluation import EVAL_SEED
 
 
 def r_squared(xs: list[float], ys: list[float]) -> float:

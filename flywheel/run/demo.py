@@ -31,7 +31,7 @@ from core.machine import machine
 from core.processes import Child, pin_process
 from core.settings import Settings
 from flywheel.admin.observe import demo_observability
-from flywheel.experiments.evaluation import compare_versions, greedy_success, paired_difference
+from flywheel.gathering.evaluation import compare_versions, greedy_success, paired_difference
 from flywheel.run.config import DemoConfig, fleet_client, learner_args, twin_args, worker_args
 from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
 from flywheel.run.fleet import FleetRun, run_fleet

@@ -22,7 +22,7 @@ import numpy as np
 
 from core.console import jsonable, say
 from core.settings import TIER1_TASKS, Settings
-from flywheel.experiments.evaluation import EVAL_SEED, evaluate_bundle
+from flywheel.gathering.evaluation import EVAL_SEED, evaluate_bundle
 
 
 @dataclass(frozen=True)

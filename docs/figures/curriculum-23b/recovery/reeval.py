@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from core.settings import TIER1_TASKS
-from flywheel.experiments.evaluation import EVAL_SEED, evaluate_bundle
+from flywheel.gathering.evaluation import EVAL_SEED, evaluate_bundle
 
 # usage: reeval.py OUT ARM BUNDLE [DEST N]: DEST/eval-N.json (default: ARM and its last curve point)
 out, arm, bundle = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
