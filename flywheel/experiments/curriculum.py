@@ -772,15 +772,15 @@ def run_arm(arm: str, shared: Shared, env) -> dict:
 
 def twin_eval(shared: Shared, steps: int) -> Path:
     """The no-fleet twin of a retrain of `steps` steps: that retrain from the shared SFT (the same rate, warm-up
-    and start) on the demonstrations alone, evaluated on the arms' seeds; trained once for every arm whose last
-    retrain took those steps (OUT/twins/steps-N/). Returns its eval json."""
+    and start) on the demonstrations (+ the replay) alone, evaluated on the arms' seeds; trained once for every arm
+    whose last retrain took those steps (OUT/twins/steps-N/). Returns its eval json."""
     from learner.stages import StageData, StageRun, run_stage
 
     config, out = shared.config, shared.config.out / "twins" / f"steps-{steps}"
     path = out / "eval-twin.json"
     if path.exists():
         return path
-    say(f"twin: {steps} steps from the start on the demonstrations alone")
+    say(f"twin: {steps} steps from the start on the demonstrations alone{' + the replay' * bool(config.replay)}")
     train = retrain_config(replace(shared.train, lr=config.rl_lr), steps)
     run = StageRun("self_imitation", train, out / "train", reference=shared.sft_checkpoint, recipe=shared.recipe)
     result = run_stage(run, StageData(demos=shared.base))
