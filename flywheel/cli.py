@@ -17,7 +17,20 @@ from pydantic import ValidationError
 from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_argv, config_from, config_values
 from core.settings import EVAL_SEED, TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
-TASKS = {"tasks": parse_tasks}  # task lists accept the aliases 'tier1', 'tier2', 'suite'
+
+
+def runnable_tasks(value: str) -> tuple[str, ...]:
+    """A --tasks flag: task ids and the aliases 'tier1', 'tier2', 'suite', 'new', each one MiniWoB++ can run;
+    refused while the command line is read, so nothing starts for a run that would die on its fourth task."""
+    from edge_client.env import check_runnable
+
+    try:
+        return check_runnable(parse_tasks(value))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+TASKS = {"tasks": runnable_tasks}
 
 
 class HelpFormatter(DefaultsHelpFormatter):
@@ -369,7 +382,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
 def _demo(p: argparse.ArgumentParser) -> None:
     from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig
 
-    add_config_arguments(p, DemoConfig, parse={"fleet.tasks": parse_tasks}, exclude=NOT_DEMO_FLAGS)
+    add_config_arguments(p, DemoConfig, parse={"fleet.tasks": runnable_tasks}, exclude=NOT_DEMO_FLAGS)
     p.set_defaults(func=cmd_demo)
 
 
@@ -384,7 +397,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _chaos(p: argparse.ArgumentParser) -> None:
     from flywheel.chaos.run import NOT_CHAOS_FLAGS, ChaosConfig
 
-    add_config_arguments(p, ChaosConfig, parse={"run.fleet.tasks": parse_tasks}, exclude=NOT_CHAOS_FLAGS)
+    add_config_arguments(p, ChaosConfig, parse={"run.fleet.tasks": runnable_tasks}, exclude=NOT_CHAOS_FLAGS)
     p.set_defaults(func=cmd_chaos)
 
 
