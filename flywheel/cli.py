@@ -18,7 +18,6 @@ from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_
 from core.settings import EVAL_SEED, TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 
-
 def runnable_tasks(value: str) -> tuple[str, ...]:
     """A --tasks flag: task ids and the aliases 'tier1', 'tier2', 'suite', 'new', each one MiniWoB++ can run;
     refused while the command line is read, so nothing starts for a run that would die on its fourth task."""
