@@ -44,8 +44,14 @@ def test_eval_rejects_an_unknown_model(tmp_path):
 def test_a_task_miniwob_cannot_run_is_refused_before_anything_starts(tmp_path, command):
     """button-delay has a page but no field extractor in miniwob: refused by name, with the typo's likely meaning,
     before a browser, a broker or a report exists (it used to run the tasks before it, then die with a KeyError)."""
-    result = flywheel(*command, "--tasks", "click-test,button-delay,clik-menu", "--out" if command[0] != "edge"
-                      else "--summary", str(tmp_path / "out"), env={"FLYWHEEL_HOME": str(tmp_path / "home")})
+    result = flywheel(
+        *command,
+        "--tasks",
+        "click-test,button-delay,clik-menu",
+        "--out" if command[0] != "edge" else "--summary",
+        str(tmp_path / "out"),
+        env={"FLYWHEEL_HOME": str(tmp_path / "home")},
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "'button-delay'" in result.stderr and "'clik-menu' (did you mean 'click-menu'?)" in result.stderr
     assert "click-test" not in result.stderr.split("cannot run")[1]  # the runnable one is not named
