@@ -6,6 +6,10 @@ fleet's own loop (edge_client.episode), so success here means what it means in t
 "success", the env ending the episode with raw reward > 0; its binary reward is +1 then and -1 otherwise.
 Episode i of every task uses seed `seed + i`.
 
+With `samples` K > 1 every seed runs K times (a sampling policy: each run draws its own actions) and each task also
+reports `pass_at_k`, the fraction of seeds where any of the K runs succeeded, beside `success_rate`, the fraction of
+all runs (pass@1 of the sampled policy): what sampling can reach against what one draw reaches (Yue et al. 2025).
+
 Partial-reward tasks (click-checkboxes and a few held-out ones) end with raw reward in (0, 1) when
 more was right than wrong; `full_success_rate` (raw reward >= 1) is reported beside the rate so
 that such half-successes are visible.
@@ -51,6 +55,7 @@ def evaluate(
     env: GuiEnv | None = None,
     browsers: int = 1,
     more_policies: Callable[[], Callable[[str], Policy]] | None = None,
+    samples: int = 1,
 ) -> dict:
     """Success per task over `episodes` seeded episodes each (or `episodes[task]`), and the unweighted mean over
     tasks.
@@ -66,6 +71,8 @@ def evaluate(
     names = [task_name(t) for t in tasks]
     if not names:
         raise ValueError("no tasks to evaluate")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
     if browsers < 1 or (browsers > 1 and (more_policies is None or env is not None)):
         raise ValueError("browsers > 1 needs more_policies (one task -> Policy per browser) and no shared env")
     by_name = {task_name(t): n for t, n in episodes.items()} if isinstance(episodes, Mapping) else {}
@@ -73,8 +80,9 @@ def evaluate(
     work = queue.SimpleQueue()
     for task in names:
         for i in range(count[task]):
-            work.put((task, i))
-    results: dict[tuple[str, int], EpisodeResult] = {}
+            for k in range(samples):
+                work.put((task, i, k))
+    results: dict[tuple[str, int, int], EpisodeResult] = {}
     versions: list[str] = []
 
     def run_browser(index: int) -> None:
@@ -84,17 +92,17 @@ def evaluate(
         try:
             while True:
                 try:
-                    task, i = work.get_nowait()
+                    task, i, k = work.get_nowait()
                 except queue.Empty:
                     return
                 policy = policy_for(task)
                 if policy.version not in versions:
                     versions.append(policy.version)
                 result = run_episode(browser, policy, task, seed + i, max_steps)
-                if progress is not None:
+                if progress is not None and k == samples - 1:
                     progress(task, i, result)
                 # Keep the numbers, not the screenshots: 16 tasks x 50 episodes of records is ~0.5 GB.
-                results[task, i] = replace(result, records=[])
+                results[task, i, k] = replace(result, records=[])
         finally:
             if own:
                 browser.close()
@@ -105,14 +113,23 @@ def evaluate(
     wall_s = time.perf_counter() - started
     per_task = {}
     for task in names:
-        in_seed_order = [results[task, i] for i in range(count[task])]
-        # Each seed's ending, for paired comparisons (two models or two paths on the same seeds).
-        per_task[task] = summarise(in_seed_order) | {"termination_by_seed": [r.termination for r in in_seed_order]}
+        runs = [[results[task, i, k] for k in range(samples)] for i in range(count[task])]  # (seeds, samples)
+        # Each seed's ending (its first run's), for paired comparisons (two models or two paths on the same seeds).
+        per_task[task] = summarise([r for seed in runs for r in seed]) | {
+            "termination_by_seed": [seed[0].termination for seed in runs]}  # fmt: skip
+        if samples > 1:
+            passed = [any(r.success for r in seed) for seed in runs]
+            per_task[task] |= {"samples": samples, "pass_at_k": sum(passed) / len(passed) if passed else 0.0,
+                               "pass_by_seed": passed, "successes_by_seed": [sum(r.success for r in seed)
+                                                                             for seed in runs]}  # fmt: skip
     rates = [s["success_rate"] for s in per_task.values()]
+    mean_pass = {"samples": samples, "mean_pass_at_k": sum(s["pass_at_k"] for s in per_task.values()) / len(rates)
+                 } if samples > 1 else {}  # fmt: skip
     return {
         "model_version": ",".join(versions),
         "tasks": per_task,
         "mean_success_rate": sum(rates) / len(rates),
+        **mean_pass,
         "browsers": browsers,
         "wall_s": round(wall_s, 2),
         "episodes_per_s": round(len(results) / wall_s, 3) if wall_s > 0 else 0.0,

@@ -270,9 +270,14 @@ def _eval(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from flywheel.experiments.eval_command import EvalConfig, run_eval
+    from flywheel.experiments.eval_command import EvalConfig, check_eval_config, run_eval
 
-    run_eval(config_from(args, EvalConfig), get_settings())
+    config = config_from(args, EvalConfig)
+    try:
+        check_eval_config(config)
+    except ValueError as error:
+        raise SystemExit(f"flywheel eval: {error}") from None
+    run_eval(config, get_settings())
     return 0
 
 

@@ -74,3 +74,11 @@ def test_demo_smoke_two_turns(demo_run):
     for turn in report["turns"]:
         assert turn["steps_in_delta"] == turn["steps_published"] > 0
     assert "turn 2" in result.stdout  # progress is shown while it runs
+
+
+def test_eval_refuses_samples_of_a_greedy_policy_before_anything_starts(tmp_path):
+    result = flywheel(
+        "eval", "--model", "release", "--tasks", "click-test", "--samples", "4", "--out", str(tmp_path / "o")
+    )
+    assert result.returncode != 0 and "--temperature > 0" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()

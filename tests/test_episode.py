@@ -132,3 +132,31 @@ def test_evaluate_counts_the_loop_endings():
 
     report = evaluate(lambda _task: Clicker(), ["click-test"], episodes=1, env=FakeEnv([running()]), max_steps=1)
     assert report["mean_success_rate"] == 0.0 and report["tasks"]["click-test"]["terminations"] == {"max_steps": 1}
+
+
+class SeededEnv(FakeEnv):
+    """Succeeds on the runs of a seed listed in `wins` (a seed's runs counted in order)."""
+
+    def __init__(self, wins: dict[int, set[int]]):
+        super().__init__([])
+        self.wins, self.runs = wins, {}
+
+    def reset(self, seed: int | None = None, task: str | None = None) -> Observation:
+        run = self.runs[seed] = self.runs.get(seed, -1) + 1
+        self.results = [ended(1.0) if run in self.wins.get(seed, set()) else ended(-1.0)]
+        return super().reset(seed, task)
+
+
+def test_evaluate_with_samples_reports_pass_at_k_beside_the_rate_of_all_runs():
+    # Seed 10 succeeds on its 3rd run of 4, seed 11 never, seed 12 on every run.
+    env = SeededEnv({10: {2}, 12: {0, 1, 2, 3}})
+    report = evaluate(lambda _task: Clicker(), ["click-test"], episodes=3, seed=10, env=env, samples=4)
+    stats = report["tasks"]["click-test"]
+    assert [seed for seed, _ in env.resets] == [10] * 4 + [11] * 4 + [12] * 4
+    assert stats["episodes"] == 12 and stats["success_rate"] == 5 / 12  # pass@1 of the sampled policy
+    assert stats["pass_at_k"] == 2 / 3 and stats["pass_by_seed"] == [True, False, True]
+    assert stats["successes_by_seed"] == [1, 0, 4]
+    assert stats["termination_by_seed"] == ["failure", "failure", "success"]  # each seed's first run
+    assert report["mean_pass_at_k"] == 2 / 3 and report["samples"] == 4
+    with pytest.raises(ValueError, match="samples"):
+        evaluate(lambda _task: Clicker(), ["click-test"], episodes=1, env=env, samples=0)

@@ -43,6 +43,13 @@ class EvalConfig:
     baseline: str = ""
     """A second model (as --model names one) run on the same tasks and seeds: eval.json gains `baseline` and
     `vs_baseline`, model - baseline paired on those seeds with its 95 % CI, over all tasks, per tier and per task."""
+    samples: int = 1
+    """Runs of each seed (K): with a temperature, eval.json gains each task's pass_at_k (any of the K succeeded) beside
+    its success_rate (all runs: pass@1 of the sampled policy)."""
+    temperature: float = 0.0
+    """Sampling temperature of every action token (0: greedy; the thought stays greedy, policy.sampling)."""
+    top_k: int = 0
+    """With a temperature: sample among the k likeliest allowed tokens (0: all)."""
     sop: bool = False
     """Also SOP (semi-online performance): the experts record their trajectories on the same tasks and seeds
     and the model replays each until its first mismatch: sop_progress and sop_success per task and mean."""
@@ -57,10 +64,27 @@ def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed
     return sop(VLARuntime(bundle, keep_ratio=keep_ratio), record_expert_trajectories(tasks, episodes, seed))
 
 
+def check_eval_config(config: EvalConfig) -> None:
+    """Refuses, before anything starts, settings that cannot mean what they say."""
+    if config.samples < 1 or config.temperature < 0 or config.top_k < 0:
+        raise ValueError("--samples must be >= 1, --temperature and --top-k >= 0")
+    if config.samples > 1 and (config.policy != "model" or config.temperature == 0):
+        raise ValueError("--samples K runs each seed K times: it needs --policy model and a --temperature > 0 (a "
+                         "greedy policy or a scripted expert replays the same episode)")  # fmt: skip
+    if config.temperature > 0 and (config.baseline or config.sop):
+        raise ValueError("--baseline and --sop compare greedy policies: leave --temperature at 0")
+
+
 def run_eval(config: EvalConfig, settings: Settings) -> dict:
-    """`flywheel eval`: the policy on every task's seeds, greedy; OUT/eval.json, printed per task."""
+    """`flywheel eval`: the policy on every task's seeds, greedy (or sampled K times a seed); OUT/eval.json, printed
+    per task."""
+    import itertools
+
     from edge_client.env import EnvConfig
     from edge_client.evaluate import evaluate
+    from policy.sampling import Sampling
+
+    check_eval_config(config)
 
     if config.policy == "expert":
         from edge_client.experts import expert_for
@@ -72,9 +96,12 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
         from registry.store import resolve_model
 
         path, version = resolve_model(config.model, settings.artifacts_dir)
+        browser = itertools.count()  # each browser's sampler its own seed, the same in every rerun
 
         def policies():
-            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            sampling = Sampling(config.temperature, config.top_k, seed=config.seed + next(browser))
+            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio,
+                                sampling=sampling)  # fmt: skip
             return lambda _task: model
 
     def progress(task, index, result) -> None:
@@ -83,9 +110,9 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
 
     report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
                       env_config=EnvConfig(path=config.env_path, read_dom=config.policy == "expert"),
-                      browsers=config.browsers,
-                      more_policies=policies)  # fmt: skip
+                      browsers=config.browsers, more_policies=policies, samples=config.samples)  # fmt: skip
     report["env_path"] = config.env_path
+    report["sampling"] = {"temperature": config.temperature, "top_k": config.top_k, "samples": config.samples}
     if config.baseline:
         from policy.runtime import load_policy
         from registry.store import resolve_model
@@ -112,9 +139,12 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2))
+    k = config.samples
     for task, entry in report["tasks"].items():
-        print(f"{task:24s} {entry['success_rate']:.3f}  ({entry['episodes']} episodes)")
-    print(f"{'mean':24s} {report['mean_success_rate']:.3f}")
+        passed = f"  pass@{k} {entry['pass_at_k']:.3f}" if k > 1 else ""
+        print(f"{task:24s} {entry['success_rate']:.3f}{passed}  ({entry['episodes']} episodes)")
+    print(f"{'mean':24s} {report['mean_success_rate']:.3f}" + (f"  pass@{k} {report['mean_pass_at_k']:.3f}"
+                                                                 if k > 1 else ""))  # fmt: skip
     speed = f"{report['episodes_per_s']:.2f} episodes/s, {report['wall_s']:.0f} s"
     print(f"{speed} with {config.browsers} browser(s) on the {config.env_path} path")
     if config.sop:
