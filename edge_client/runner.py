@@ -21,6 +21,7 @@ from core.settings import TIER1_TASKS, Settings
 from edge_client import metrics
 from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
+from edge_client.exploration import NewTaskSampler
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher, spool_dir
 from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Policy
@@ -77,6 +78,16 @@ class EdgeConfig:
     once, and each episode closed)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """With policy='model': which screens the DOM teacher labels, and its budget (edge_client.teacher)."""
+    new_tasks: tuple[str, ...] = ()
+    """Tasks nobody demonstrated, run beside `tasks`: only a model acts on them, never the experts (a fleet on them
+    waits for its first version) nor the teacher; each seed `new_task_repeats` times, sampled over every token at
+    a temperature the task's success sets (edge_client.exploration)."""
+    new_task_repeats: int = 8
+    """Runs of each seed of a new task (K): where one run in many succeeds, K runs find it."""
+    new_task_temperature: float = 2.0
+    """A new task's sampling temperature while the running version has not solved it once ..."""
+    new_task_min_temperature: float = 0.5
+    """... falling linearly with its success under that version to this at success 1."""
 
 
 # `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
@@ -147,14 +158,17 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)
+    new_tasks = set(config.new_tasks)
+    sampler = NewTaskSampler(config.new_task_temperature, config.new_task_min_temperature)
     from edge_client.experts import expert_for  # the teacher: the DOM expert, asked only about a model's steps
 
     teacher = Teacher(config.teacher, expert_for) if config.policy == "model" and config.teacher.active else None
     # A model reads pixels only; the DOM is read for the scripted experts (and a fleet that starts on them).
     reads_dom = config.policy == "expert" or config.bootstrap_expert
-    env = GuiEnv(config.tasks[0], EnvConfig(read_dom=reads_dom))
+    env = GuiEnv((config.tasks + config.new_tasks)[0], EnvConfig(read_dom=reads_dom))
     schedule = episode_schedule(config)
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s > 0 else None
+    unavailable = None  # the task of the visit being skipped: no policy may act on it yet
     # SIGTERM (a restart, a deploy) ends the client at the next episode boundary, its spool drained: an episode
     # cut off mid-way would leave steps whose episode never ends.
     with sigterm_requests_stop() as stop_requested:
@@ -162,21 +176,31 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
             for run, (index, task, repeat) in enumerate(schedule):
                 if stop_requested.is_set() or (deadline is not None and time.monotonic() > deadline):
                     break
+                if task == unavailable:
+                    continue
                 policy = policies(task)
+                if policy is None:  # a new task before the first version: nothing may act on it, this visit
+                    unavailable = task
+                    continue
+                unavailable = None
                 if repeat and not samples(policy, config):
                     continue  # a deterministic policy would only replay the same episode
+                if policy.version != "expert" and hasattr(policy, "sampling"):
+                    base = exploration(config)
+                    policy.sampling = sampler.sampling(task, policy.version, base) if task in new_tasks else base
                 if policy.version not in summary.model_versions:
                     summary.model_versions.append(policy.version)
-                    metrics.use_model_version(policy.version, config.tasks)
+                    metrics.use_model_version(policy.version, config.tasks + config.new_tasks)
                     await_scrape()  # the launcher's Prometheus sees the new series at 0 before they count
                 seed = config.seed + index
                 episode_id = f"{config.client_id}-{task}-{seed}-{run}"
                 on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
                 started = time.time()
-                asks = teacher if policy.version != "expert" else None
+                asks = teacher if policy.version != "expert" and task not in new_tasks else None
                 result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
                 summary.record_acting(started, time.time())
                 summary.record_episode(task, result.success)
+                sampler.record(task, policy.version, result.success)
                 metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
         finally:
             env.close()
@@ -194,14 +218,18 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
 
 
 def episode_schedule(config: EdgeConfig) -> Iterator[tuple[int, str, int]]:
-    """(seed index, task, repeat) of each episode in order: the tasks in turn, `seeds_per_visit` seeds of a task
-    per visit, each seed `repeats` times in a row."""
-    if config.repeats < 1 or config.seeds_per_visit < 1:
-        raise ValueError(f"repeats and seeds_per_visit must be >= 1, got {config.repeats}, {config.seeds_per_visit}")
+    """(seed index, task, repeat) of each episode in order: the tasks, then the new tasks, in turn, `seeds_per_visit`
+    seeds of a task per visit, each seed `repeats` times in a row (a new task's `new_task_repeats`)."""
+    if min(config.repeats, config.new_task_repeats, config.seeds_per_visit) < 1:
+        raise ValueError(f"repeats, new_task_repeats and seeds_per_visit must be >= 1, got {config.repeats}, "
+                         f"{config.new_task_repeats}, {config.seeds_per_visit}")  # fmt: skip
+    if overlap := set(config.tasks) & set(config.new_tasks):
+        raise ValueError(f"a task is demonstrated or new, not both: {sorted(overlap)}")
+    new_tasks = set(config.new_tasks)
     for first in range(0, config.episodes_per_task, config.seeds_per_visit):
-        for task in config.tasks:
+        for task in config.tasks + config.new_tasks:
             for index in range(first, min(first + config.seeds_per_visit, config.episodes_per_task)):
-                for repeat in range(config.repeats):
+                for repeat in range(config.new_task_repeats if task in new_tasks else config.repeats):
                     yield index, task, repeat
 
 
@@ -270,7 +298,10 @@ def exploration(config: EdgeConfig) -> Sampling:
 
 
 def _policy_source(config: EdgeConfig, settings: Settings):
-    """task -> Policy. Experts are per task; a model is one policy for all tasks, swapped between episodes."""
+    """task -> Policy (None: nothing may act on it yet). Experts are per task; a model is one policy for all tasks,
+    swapped between episodes."""
+    if config.policy == "expert" and config.new_tasks:
+        raise ValueError(f"the experts may not act on the new tasks {list(config.new_tasks)}: use policy 'model'")
     if config.policy == "expert":
         from edge_client.experts import expert_for
 
@@ -293,8 +324,9 @@ def _policy_source(config: EdgeConfig, settings: Settings):
     if config.bootstrap_expert:
         from edge_client.experts import expert_for
 
-        def current_or_expert(task: str) -> Policy:
-            return swapper.maybe_swap(timeout_ms=100) or expert_for(task)
+        def current_or_expert(task: str) -> Policy | None:
+            """The newest version; before one, the expert of a demonstrated task, and nothing on a new one."""
+            return swapper.maybe_swap(timeout_ms=100) or (None if task in config.new_tasks else expert_for(task))
 
         return current_or_expert
 

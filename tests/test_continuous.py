@@ -15,10 +15,12 @@ import pytest
 from core.object_store import join
 from core.settings import settings_env
 from edge_client.experts import expert_for
+from edge_client.exploration import NewTaskSampler, temperature_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
 from learner.training_tables import load_samples
+from policy.sampling import Sampling
 from tests.conftest import isolated_broker_settings
 
 
@@ -54,6 +56,28 @@ def test_a_client_visits_each_task_for_its_seeds_per_visit_seeds_before_switchin
     assert [t for _, t, _ in episode_schedule(replace(config, seeds_per_visit=1, repeats=1))] == list("ababab")
     with pytest.raises(ValueError, match="seeds_per_visit"):
         list(episode_schedule(replace(config, seeds_per_visit=0)))
+
+
+def test_a_new_task_runs_its_seeds_k_times_after_the_demonstrated_tasks():
+    config = EdgeConfig("c0", tasks=("a",), new_tasks=("n",), episodes_per_task=2, repeats=1, new_task_repeats=3,
+                        seeds_per_visit=2)  # fmt: skip
+    assert list(episode_schedule(config)) == [(0, "a", 0), (1, "a", 0),
+                                              (0, "n", 0), (0, "n", 1), (0, "n", 2), (1, "n", 0), (1, "n", 1),
+                                              (1, "n", 2)]  # fmt: skip
+    with pytest.raises(ValueError, match="not both"):
+        list(episode_schedule(replace(config, new_tasks=("a",))))
+
+
+def test_a_new_tasks_temperature_falls_as_its_success_under_the_version_rises():
+    assert temperature_for(0, 0, 2.0, 0.5) == 2.0  # never run: widest
+    assert temperature_for(0, 8, 2.0, 0.5) == 2.0 and temperature_for(8, 8, 2.0, 0.5) == 0.5
+    assert temperature_for(2, 8, 2.0, 0.5) == pytest.approx(1.625)
+    sampler, base = NewTaskSampler(2.0, 0.5), Sampling(0.7, top_k=5, seed=3)
+    for success in (True, False, False, False):
+        sampler.record("click-menu", "v1", success)
+    drawn = sampler.sampling("click-menu", "v1", base)
+    assert (drawn.temperature, drawn.top_k, drawn.seed) == (pytest.approx(1.625), 0, 3)  # every token, same sampler
+    assert sampler.sampling("click-menu", "v2", base).temperature == 2.0  # a new version starts its own count
 
 
 def test_success_rise_compares_versions_the_fleet_ran_enough():
