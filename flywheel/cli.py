@@ -118,7 +118,9 @@ def cmd_process(args: argparse.Namespace) -> int:
 def _edge(p: argparse.ArgumentParser) -> None:
     from edge_client.runner import FLAG_NAMES, EdgeConfig
 
-    add_config_arguments(p, EdgeConfig, parse=TASKS, rename=FLAG_NAMES)  # the teacher's flags: a group of their own
+    add_config_arguments(
+        p, EdgeConfig, parse={**TASKS, "new_tasks": runnable_tasks}, rename=FLAG_NAMES
+    )  # the teacher's flags: a group of their own
     p.set_defaults(func=cmd_edge)
 
 
@@ -386,7 +388,9 @@ def cmd_canary(args: argparse.Namespace) -> int:
 def _demo(p: argparse.ArgumentParser) -> None:
     from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig
 
-    add_config_arguments(p, DemoConfig, parse={"fleet.tasks": runnable_tasks}, exclude=NOT_DEMO_FLAGS)
+    add_config_arguments(
+        p, DemoConfig, parse={"fleet.tasks": runnable_tasks, "fleet.new_tasks": runnable_tasks}, exclude=NOT_DEMO_FLAGS
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -401,7 +405,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _chaos(p: argparse.ArgumentParser) -> None:
     from flywheel.chaos.run import NOT_CHAOS_FLAGS, ChaosConfig
 
-    add_config_arguments(p, ChaosConfig, parse={"run.fleet.tasks": runnable_tasks}, exclude=NOT_CHAOS_FLAGS)
+    add_config_arguments(
+        p,
+        ChaosConfig,
+        parse={"run.fleet.tasks": runnable_tasks, "run.fleet.new_tasks": runnable_tasks},
+        exclude=NOT_CHAOS_FLAGS,
+    )
     p.set_defaults(func=cmd_chaos)
 
 

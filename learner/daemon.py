@@ -45,8 +45,13 @@ from learner import metrics
 from learner.config import VLARecipe, VLATrainConfig
 from learner.daemon_config import DaemonConfig
 from learner.publish import publish_artifact
-from learner.stages import StageData, StageRun, retrain_steps, run_stage, with_extra
-from learner.teacher_labels import label_count, load_teacher_labels, load_verified_successes
+from learner.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
+from learner.teacher_labels import (
+    label_count,
+    load_filtered_successes,
+    load_teacher_labels,
+    load_verified_successes,
+)
 from learner.training_run import VLAResult
 from learner.training_tables import load_rollouts, load_samples, table_versions
 from learner.vla_export import export_bundle
@@ -179,12 +184,13 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     if stage in ("dagger", "self_imitation"):
         # From the SFT model, never the last version: retrained on the aggregate, the policy cannot drift.
         extra = gathered_supervision(tables, versions, config, labelled=stage == "dagger")
+        new = new_task_supervision(tables, versions, config)
         demos = load_samples(tables, ("demo",), versions)
-        steps = retrain_steps(config.retrain_steps, config.retrain_passes, demos.height + label_count(extra),
-                              recipe.train.batch_size)  # fmt: skip
+        rows = demos.height + label_count(extra) + (new.height if new is not None else 0)
+        steps = retrain_steps(config.retrain_steps, config.retrain_passes, rows, recipe.train.batch_size)
         run = retrain_run(stage, recipe, config, state.sft_checkpoint, work / f"{stage}-at-{at}", steps)
         state.online_dir = f"online-after-{at}"  # anchored RL after this retrain starts from it
-        return run_stage(run, StageData(demos=demos, extra=extra))
+        return run_stage(run, StageData(demos=demos, extra=extra, new_task_rows=new))
     if stage == "offline_rl":
         frame = load_rollouts(tables, ("demo", "success", "failure"), versions)
         offline = StageRun("offline_rl", replace(rl_train, steps=config.offline_steps), work / f"offline-at-{at}",
@@ -199,7 +205,7 @@ def train_stage(stage: str, settings: Settings, config: DaemonConfig, state: Dae
     demos = load_samples(tables, ("demo",), versions) if guidance in ("databc", "anchor") else None
     if guidance == "anchor":  # the same supervision the retrain had: demonstrations + labels (or successes)
         extra = gathered_supervision(tables, versions, config, labelled=bool(counts.teacher_labels))
-        demos = with_extra(demos, extra)
+        demos = with_extra(with_extra(demos, extra), new_task_supervision(tables, versions, config))
     # One online run across updates (per retrain): its directory keeps the optimizer going.
     online_train = replace(rl_train, lr=config.online_lr)
     result = run_stage(StageRun(f"online_rl:{guidance}", online_train, work / state.online_dir, start=state.checkpoint,
@@ -224,11 +230,18 @@ def retrain_run(stage: str, recipe: VLARecipe, config: DaemonConfig, sft_checkpo
 
 
 def gathered_supervision(tables: Path, versions: dict[str, int], config: DaemonConfig, labelled: bool) -> pl.DataFrame:
-    """What the fleet's experience bought beyond the demonstrations: every teacher label (DAgger's aggregate), or,
-    while no label was given, the verified successes."""
-    if labelled:
-        return load_teacher_labels(tables, versions)
-    return load_verified_successes(tables, config.self_imitation_top_k, versions)
+    """What the fleet's experience bought beyond the demonstrations on the tasks they cover: every teacher label
+    (DAgger's aggregate), or, while no label was given, the verified successes."""
+    rows = load_teacher_labels(tables, versions) if labelled else load_verified_successes(
+        tables, config.self_imitation_top_k, versions)  # fmt: skip
+    return rows.filter(~pl.col("task").is_in(list(config.new_tasks)))  # a new task's rows are filtered BC's alone
+
+
+def new_task_supervision(tables: Path, versions: dict[str, int], config: DaemonConfig) -> pl.DataFrame | None:
+    """Filtered BC on the tasks nobody demonstrated: each seed's shortest verified success, `new_task_copies` times
+    (None: no new task, or no success on one yet)."""
+    rows = load_filtered_successes(tables, config.new_tasks, versions)
+    return repeated(rows, config.new_task_copies) if rows.height else None
 
 
 def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:

@@ -59,6 +59,12 @@ class DaemonConfig:
     self_imitation_top_k: int = 5
     """supervised, no teacher label: a success counts when it was drawn greedily or among this many likeliest
     tokens (the fleet's --top-k; never a draw over every token)."""
+    new_tasks: tuple[str, ...] = ()
+    """supervised: tasks nobody demonstrated; each retrain adds the fleet's verified successes on them (filtered BC,
+    each seed's shortest, whatever temperature drew it: learner.teacher_labels.filtered_successes)."""
+    new_task_copies: int = 4
+    """supervised: copies of each of those successes in a retrain: a few verified rows beside thousands of
+    demonstration rows are otherwise a rounding error in the loss (with retrain_passes 4, each is seen 16 times)."""
     max_versions: int = 0
     """Stop after publishing this many versions (0: run until stopped)."""
     stop_after_s: float = 0.0

@@ -9,6 +9,7 @@
     dagger              SFT from the SFT model (the reference), at the SFT rate, on the demonstrations + every
                         teacher label so far (learner.teacher_labels.teacher_rows): DAgger's retrain on the aggregate
     self_imitation      the same, on the demonstrations + the fleet's verified successes (greedy or top-k drawn)
+                        (both: + filtered BC's rows on the tasks nobody demonstrated, StageData.new_task_rows)
 
 A stage continues the run in its directory (each stage's run is resumable), else starts from `start`, a
 checkpoint, or a fresh model of `recipe` (SFT only). Every result carries `diagnostics` (for SFT and offline
@@ -66,6 +67,7 @@ class StageData:
     rollouts: pl.DataFrame | None = None  # + task, seed, success (verify_ok): online RL
     trajectories: pl.DataFrame | None = None  # TRAJECTORY_COLUMNS: semi-online RL
     extra: pl.DataFrame | None = None  # dagger: teacher_rows; self_imitation: verified_successes (with the demos)
+    new_task_rows: pl.DataFrame | None = None  # dagger, self_imitation: filtered_successes on the new tasks
     cursor: int = 0  # semi-online: the trajectory to start from
 
 
@@ -88,10 +90,12 @@ def run_stage(
         return with_drift(result, data.demos, before, run.reference)
     if kind in ("dagger", "self_imitation"):
         # Retrained from the SFT model each time, never the drifting policy fine-tuned further (STaR, ReST-EM).
-        frame = with_extra(data.demos, data.extra)
+        frame = with_extra(with_extra(data.demos, data.extra), data.new_task_rows)
         recipe = replace(run.recipe or VLARecipe(), train=run.train)
         result = train_vla(frame, recipe, run.out_dir, init_checkpoint=run.reference, stop_at=run.stop_at)
-        rows = {"demo_rows": data.demos.height, "extra_rows": 0 if data.extra is None else data.extra.height,
+        height = lambda rows: 0 if rows is None else rows.height  # noqa: E731
+        rows = {"demo_rows": data.demos.height, "extra_rows": height(data.extra),
+                "new_task_rows": height(data.new_task_rows),
                 "teacher_labels": label_count(data.extra) if kind == "dagger" else 0}  # fmt: skip
         drift = with_drift(result, frame, load_vla(run.reference)[0], run.reference)
         return replace(drift, diagnostics=drift.diagnostics | rows)

@@ -8,6 +8,9 @@ successes (self-imitation), as SFT rows, and the teacher's agreement as a dense 
     verified_successes   the fleet's successful episodes sampled greedily or from the policy's top-k (never a
                          temperature-1 draw over everything: what STaR, ReST-EM and Pix2Act keep), their own
                          thoughts and actions as targets.
+    filtered_successes   filtered BC on the tasks nobody demonstrated: each (task, seed)'s shortest episode that the
+                         environment verified, whatever temperature drew it (there the fleet explores widely,
+                         edge_client.exploration; the verdict, not the draw, makes a success).
     teacher_agreement    (M,) how well each step's action agreed with the teacher's label of its screen
                          (learner.action_match.action_score: 1 the same, 0.5 its type, 0.1 another type), NaN
                          where no label was asked: online RL's step reward (UI-S1's, here online).
@@ -83,6 +86,24 @@ def verified_successes(rows: pl.DataFrame, max_top_k: int) -> pl.DataFrame:
     return rows.filter(pl.col("episode_id").is_in(episodes.implode())).select(SFT_COLUMNS).sort("episode_id", "step")
 
 
+def filtered_successes(rows: pl.DataFrame, tasks: tuple[str, ...]) -> pl.DataFrame:
+    """The steps (SFT_COLUMNS) of the shortest successful model episode of each (task, seed) of `tasks`; rows need
+    seed, success and model_version. Ties go to the episode id first in order (a rerun keeps the same rows)."""
+    model_successes = rows.filter(pl.col("task").is_in(list(tasks)) & pl.col("success")
+                                  & (pl.col("model_version") != "expert"))  # fmt: skip
+    shortest = (
+        model_successes.group_by("task", "seed", "episode_id")
+        .agg(pl.len().alias("steps"))
+        .sort("steps", "episode_id")
+        .unique(["task", "seed"], keep="first")["episode_id"]
+    )
+    return (
+        model_successes.filter(pl.col("episode_id").is_in(shortest.implode()))
+        .select(SFT_COLUMNS)
+        .sort("episode_id", "step")
+    )
+
+
 def teacher_agreement(rows: pl.DataFrame) -> np.ndarray:
     """(M,) action_score of each row's action against its teacher label; NaN where the row has none."""
     if "teacher_action_type" not in rows.columns:
@@ -114,3 +135,15 @@ def load_verified_successes(
     episodes = scan(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
     rows = steps.select(*SFT_COLUMNS, "model_version", "temperature", "top_k").join(episodes, on="episode_id")
     return verified_successes(rows.collect(), max_top_k)
+
+
+def load_filtered_successes(tables_dir: Location, tasks: tuple[str, ...],
+                            versions: dict[str, int] | None = None) -> pl.DataFrame:  # fmt: skip
+    """filtered_successes of the steps table at `versions` on `tasks`, each episode's success read from `episodes`."""
+    steps = scan(table_uri(tables_dir, STEPS), version=(versions or table_versions(tables_dir))[STEPS])
+    if not tasks or "seed" not in steps.collect_schema().names():
+        return pl.DataFrame(schema={c: pl.String for c in SFT_COLUMNS})
+    episodes = scan(table_uri(tables_dir, EPISODES)).select("episode_id", "success")
+    rows = (steps.filter(pl.col("task").is_in(list(tasks))).select(*SFT_COLUMNS, "model_version", "seed")
+            .join(episodes, on="episode_id"))  # fmt: skip
+    return filtered_successes(rows.collect(), tasks)

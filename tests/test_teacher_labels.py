@@ -16,7 +16,14 @@ from learner.online_rl import step_credit_advantages
 from learner.semi_online import sop
 from learner.sft import train_vla
 from learner.stages import StageData, StageRun, repeated, run_stage, with_extra, with_replay
-from learner.teacher_labels import label_count, teacher_agreement, teacher_rows, verified_successes
+from learner.teacher_labels import (
+    filtered_successes,
+    label_count,
+    teacher_agreement,
+    teacher_rows,
+    verified_successes,
+)
+from learner.training_tables import SFT_COLUMNS
 from learner.vla_export import export_bundle
 from policy.interface import Observation
 from policy.runtime import VLAPolicy, VLARuntime
@@ -119,6 +126,26 @@ def test_self_imitation_keeps_successes_drawn_greedily_or_from_the_top_k_only():
                         episode("everything", True, 1.0, 0), episode("top20", True, 1.0, 20),
                         episode("failed", False, 0.0, 0), episode("expert", True, 0.0, 0, "expert")])  # fmt: skip
     assert verified_successes(rows, max_top_k=5)["episode_id"].to_list() == ["greedy", "top3"]
+
+
+def test_filtered_bc_keeps_each_seeds_shortest_verified_success_on_the_new_tasks_whatever_drew_it():
+    def episode(name, steps, success, seed, task="click-menu", version="v1"):
+        return [step(name, i, ("click", 1, 1), task=task, success=success, seed=seed, model_version=version)
+                for i in range(steps)]  # fmt: skip
+
+    rows = steps_frame([*episode("s1-long", 3, True, 1), *episode("s1-short", 2, True, 1),
+                        *episode("s1-tie", 2, True, 1),  # as short: the first id in order stays, "s1-short"
+                        *episode("s2-failed", 1, False, 2), *episode("s2-won", 4, True, 2),
+                        *episode("s3-expert", 1, True, 3, version="expert"),  # never on a new task; not a success
+                        *episode("s4-suite", 1, True, 4, task="click-test")])  # not a new task  # fmt: skip
+    kept = filtered_successes(rows, ("click-menu", "count-sides"))
+    assert kept.columns == SFT_COLUMNS
+    assert kept.select("episode_id", "step").rows() == [
+        ("s1-short", 0),
+        ("s1-short", 1),
+        *(("s2-won", i) for i in range(4)),
+    ]
+    assert filtered_successes(rows, ()).is_empty()
 
 
 def test_the_teachers_agreement_is_a_step_reward_that_ranks_agreeing_steps_above_the_others():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from core.cli_config import config_argv
+from core.settings import NEW_TASKS
 from edge_client.runner import EdgeConfig
 from edge_client.teacher import TeacherConfig
 from learner.daemon_config import DaemonConfig
@@ -51,6 +52,8 @@ def demo_fleet() -> EdgeConfig:
         seeds_per_visit=4,  # a task switch costs ~0.7 s here
         # 2 labels an episode (0: no teacher; the learner then retrains on the fleet's verified successes).
         teacher=TeacherConfig(teacher_budget=2),
+        # Beside them, the tasks nobody demonstrated: only the model, K runs a seed, no expert, no teacher.
+        new_tasks=NEW_TASKS,
     )
 
 
@@ -109,18 +112,20 @@ class DemoConfig:
     """Each faust worker."""
 
 
-# Settings of the tree that are no flags of `flywheel demo`: each client's and process's own, set when it starts, and
-# the learner's self-imitation top-k, which is the fleet's top-k (a success counts when drawn as the fleet draws).
+# Settings of the tree that are no flags of `flywheel demo`: each client's and process's own, set when it starts, the
+# learner's self-imitation top-k, which is the fleet's top-k (a success counts when drawn as the fleet draws), and
+# its new tasks, which are the fleet's.
 NOT_DEMO_FLAGS = (
     "fleet.client_id", "fleet.seed", "fleet.policy", "fleet.bootstrap_expert", "fleet.channel", "fleet.summary_path",
     "fleet.stop_after_s", "fleet.ledger_path", "fleet.metrics_port", "fleet.wait_for_model_s", "fleet.spool_timeout_s",
-    "learner.self_imitation_top_k", "learner.max_versions", "learner.stop_after_s", "worker.metrics_port",
+    "learner.self_imitation_top_k", "learner.new_tasks", "learner.max_versions", "learner.stop_after_s",
+    "worker.metrics_port",
 )  # fmt: skip
 
 
 def learner_config(config: DemoConfig) -> DaemonConfig:
-    """The learner daemon of a continuous run: the tree's, self-imitating at the fleet's top-k."""
-    return replace(config.learner, self_imitation_top_k=config.fleet.top_k)
+    """The learner daemon of a continuous run: the tree's, self-imitating at the fleet's top-k, on its new tasks."""
+    return replace(config.learner, self_imitation_top_k=config.fleet.top_k, new_tasks=config.fleet.new_tasks)
 
 
 def learner_args(config: DemoConfig) -> list[str]:
