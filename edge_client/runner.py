@@ -81,13 +81,14 @@ class EdgeConfig:
     new_tasks: tuple[str, ...] = ()
     """Tasks nobody demonstrated, run beside `tasks`: only a model acts on them, never the experts (a fleet on them
     waits for its first version) nor the teacher; each seed `new_task_repeats` times, sampled over every token at
-    a temperature the task's success sets (edge_client.exploration)."""
+    temperatures the task's success sets (edge_client.exploration)."""
     new_task_repeats: int = 8
-    """Runs of each seed of a new task (K): where one run in many succeeds, K runs find it."""
-    new_task_temperature: float = 2.0
-    """A new task's sampling temperature while the running version has not solved it once ..."""
+    """Runs of each seed of a new task (K): where one run in many succeeds, K runs find it. They climb a ladder of
+    temperatures, from new_task_min_temperature to a top set by the task's success."""
+    new_task_temperature: float = 3.0
+    """The top of a new task's ladder while the running version has not solved it once ..."""
     new_task_min_temperature: float = 0.5
-    """... falling linearly with its success under that version to this at success 1."""
+    """... falling linearly with its success under that version to the ladder's foot, this, at success 1."""
 
 
 # `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
@@ -187,7 +188,11 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                     continue  # a deterministic policy would only replay the same episode
                 if policy.version != "expert" and hasattr(policy, "sampling"):
                     base = exploration(config)
-                    policy.sampling = sampler.sampling(task, policy.version, base) if task in new_tasks else base
+                    policy.sampling = (
+                        sampler.sampling(task, policy.version, base, repeat, config.new_task_repeats)
+                        if task in new_tasks
+                        else base
+                    )
                 if policy.version not in summary.model_versions:
                     summary.model_versions.append(policy.version)
                     metrics.use_model_version(policy.version, config.tasks + config.new_tasks)

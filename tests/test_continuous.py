@@ -68,16 +68,18 @@ def test_a_new_task_runs_its_seeds_k_times_after_the_demonstrated_tasks():
         list(episode_schedule(replace(config, new_tasks=("a",))))
 
 
-def test_a_new_tasks_temperature_falls_as_its_success_under_the_version_rises():
-    assert temperature_for(0, 0, 2.0, 0.5) == 2.0  # never run: widest
+def test_a_new_tasks_temperature_ladder_narrows_as_its_success_under_the_version_rises():
+    assert temperature_for(0, 0, 2.0, 0.5) == 2.0  # never run: the widest top
     assert temperature_for(0, 8, 2.0, 0.5) == 2.0 and temperature_for(8, 8, 2.0, 0.5) == 0.5
     assert temperature_for(2, 8, 2.0, 0.5) == pytest.approx(1.625)
+    assert [temperature_for(0, 0, 2.0, 0.5, k, 4) for k in range(4)] == pytest.approx([0.5, 1.0, 1.5, 2.0])
     sampler, base = NewTaskSampler(2.0, 0.5), Sampling(0.7, top_k=5, seed=3)
     for success in (True, False, False, False):
         sampler.record("click-menu", "v1", success)
-    drawn = sampler.sampling("click-menu", "v1", base)
+    drawn = sampler.sampling("click-menu", "v1", base, repeat=3, repeats=4)
     assert (drawn.temperature, drawn.top_k, drawn.seed) == (pytest.approx(1.625), 0, 3)  # every token, same sampler
-    assert sampler.sampling("click-menu", "v2", base).temperature == 2.0  # a new version starts its own count
+    assert sampler.sampling("click-menu", "v1", base, 0, 4).temperature == 0.5  # the ladder's foot
+    assert sampler.sampling("click-menu", "v2", base, 3, 4).temperature == 2.0  # a new version starts its own count
 
 
 def test_success_rise_compares_versions_the_fleet_ran_enough():
