@@ -16,6 +16,11 @@ pass@4 at T = 1 / 2 / 3: click-pie 0.10 / 0.20 / 0.40 (a click far from its habi
 solves gets the widest ladder, where every success is news; one it solves is sampled near its own choice, so its
 successes are the version's habits made surer. The rate is this client's own count under the version it runs (it
 starts again at a swap), which needs no coordination between clients.
+
+Where the fleet's time goes: a visit to a new task runs all its seeds only while the task is worth them, where a
+success was ever found (so pass@K > 0) and the running version does not solve it yet (under SOLVED of its runs).
+Elsewhere a visit runs one seed: a task without a success gets its K runs and the search from their failure
+(edge_client.search) before it gets more fleet time; a solved one is only checked on.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from policy.sampling import Sampling
+
+SOLVED = 0.95  # a version solves a task whose runs succeed this often ...
+SOLVED_AFTER = 16  # ... over at least this many of them
 
 
 def temperature_for(successes: int, runs: int, high: float, low: float, rung: int = 0, rungs: int = 1) -> float:
@@ -42,6 +50,8 @@ class NewTaskSampler:
     low: float
     tally: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     """(task, model version) -> [successes, runs]."""
+    found: set[str] = field(default_factory=set)
+    """Tasks with a success found on them, by any version, sampled or searched."""
 
     def sampling(self, task: str, version: str, base: Sampling, repeat: int, repeats: int) -> Sampling:
         """`base` (the client's sampler) over every token, at run `repeat` of `repeats`' temperature on the task's
@@ -54,3 +64,12 @@ class NewTaskSampler:
         counts = self.tally[task, version]
         counts[0] += int(success)
         counts[1] += 1
+        if success:
+            self.found.add(task)
+
+    def worth_all_seeds(self, task: str, version: str) -> bool:
+        """Whether a visit to `task` runs all its seeds: a success was found on it, and `version` does not solve it
+        yet (a success rate under SOLVED over at least SOLVED_AFTER runs)."""
+        successes, runs = self.tally[task, version]
+        solved = runs >= SOLVED_AFTER and successes >= SOLVED * runs
+        return task in self.found and not solved

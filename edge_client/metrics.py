@@ -26,6 +26,17 @@ VISUAL_TOKENS_KEPT = Histogram(
 SPOOL_DEPTH = Gauge("flywheel_edge_spool_depth", "Step events in the local spool, not yet acknowledged by Kafka")
 MODEL_VERSION = Gauge("flywheel_edge_model_version_info", "Model version in use (value 1)", ["version"])
 MODEL_SWAPS = Counter("flywheel_edge_model_swaps_total", "Model versions received, by outcome", ["outcome"])
+TASK_KIND = Gauge(
+    "flywheel_edge_task_kind_info", "The kind of each task the client runs (value 1)", ["task", "kind"]
+)  # kind: demonstrated | new (nobody demonstrated it); dashboards join episodes on it to split the two
+
+
+def declare_tasks(tasks: tuple[str, ...], new_tasks: tuple[str, ...]) -> None:
+    """One info series per task the client runs, naming its kind."""
+    for task in tasks:
+        TASK_KIND.labels(task, "demonstrated").set(1)
+    for task in new_tasks:
+        TASK_KIND.labels(task, "new").set(1)
 
 
 def use_model_version(version: str, tasks: tuple[str, ...]) -> None:

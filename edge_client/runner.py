@@ -11,7 +11,7 @@ import time
 import zlib
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +22,7 @@ from edge_client import metrics
 from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
 from edge_client.exploration import NewTaskSampler
+from edge_client.search import SearchBudget, SearchResult, search_failure
 from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher, spool_dir
 from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Policy
@@ -89,6 +90,10 @@ class EdgeConfig:
     """The top of a new task's ladder while the running version has not solved it once ..."""
     new_task_min_temperature: float = 0.5
     """... falling linearly with its success under that version to the ladder's foot, this, at success 1."""
+    new_task_search_steps: int = 60
+    """Where all K runs of a new task's seed failed: environment steps the search from the first of them may spend
+    (edge_client.search: the seed reset, its prefix replayed, the policy's other likely actions at a failing step,
+    the policy finishing each branch; 0: no search). Its successes are published as episodes of their own."""
 
 
 # `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
@@ -110,6 +115,14 @@ class RunSummary:
     teacher_labels: dict[str, int] = field(default_factory=dict)  # labels received, by why asked
     teacher_skipped: dict[str, int] = field(default_factory=dict)  # labels due but not had, by why
     teacher_reused: int = 0  # labels given again to a screen labelled before (no call)
+    search: dict[str, int] = field(
+        default_factory=lambda: {"searches": 0, "simulations": 0, "env_steps": 0, "successes": 0}
+    )  # new tasks' searches, all together
+
+    def record_search(self, found: SearchResult) -> None:
+        for key, value in (("searches", 1), ("simulations", found.simulations), ("env_steps", found.env_steps),
+                           ("successes", len(found.successes))):  # fmt: skip
+            self.search[key] += value
 
     def record_acting(self, start: float, end: float) -> None:
         """Adds an episode's span, merged with the previous one when they touch (one span per busy stretch)."""
@@ -129,6 +142,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     if config.metrics_port is not None:
         serve_metrics("flywheel-edge", settings.metrics_host, config.metrics_port, client_id=config.client_id)
     summary = RunSummary(config.client_id)
+    metrics.declare_tasks(config.tasks, config.new_tasks)
     delivered = Tally()
 
     def on_delivered(record: SpooledRecord) -> None:
@@ -170,6 +184,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     schedule = episode_schedule(config)
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s > 0 else None
     unavailable = None  # the task of the visit being skipped: no policy may act on it yet
+    group: list = []  # the runs so far of the new task's seed being explored
     # SIGTERM (a restart, a deploy) ends the client at the next episode boundary, its spool drained: an episode
     # cut off mid-way would leave steps whose episode never ends.
     with sigterm_requests_stop() as stop_requested:
@@ -184,8 +199,11 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                     unavailable = task
                     continue
                 unavailable = None
-                if repeat and not samples(policy, config):
+                if repeat and not samples(policy, config, task):
                     continue  # a deterministic policy would only replay the same episode
+                if task in new_tasks and index % config.seeds_per_visit and not sampler.worth_all_seeds(
+                        task, policy.version):  # fmt: skip
+                    continue  # one seed a visit where nothing was found yet, or the version solves it
                 if policy.version != "expert" and hasattr(policy, "sampling"):
                     base = exploration(config)
                     policy.sampling = (
@@ -203,9 +221,21 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 started = time.time()
                 asks = teacher if policy.version != "expert" and task not in new_tasks else None
                 result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
+                if task in new_tasks:
+                    sampler.record(task, policy.version, result.success)
+                    group = [result] if repeat == 0 else [*group, result]
+                    if repeat == config.new_task_repeats - 1 and not any(r.success for r in group):
+                        found = search_new_task(env, policy, group[0], config, run)
+                        for k, success in enumerate(found.successes):
+                            on_found = step_publisher(publish, config.client_id, f"{episode_id}-search{k}", task,
+                                                      seed, policy.version)  # fmt: skip
+                            for record in success.records:
+                                on_found(record)
+                            summary.record_episode(task, True)
+                            sampler.found.add(task)  # a success to learn from, not one the version drew
+                        summary.record_search(found)
                 summary.record_acting(started, time.time())
                 summary.record_episode(task, result.success)
-                sampler.record(task, policy.version, result.success)
                 metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
         finally:
             env.close()
@@ -220,6 +250,22 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     if config.summary_path is not None:
         config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
     return summary
+
+
+def search_new_task(env: GuiEnv, policy: Policy, failed, config: EdgeConfig, run: int) -> SearchResult:
+    """Search from a new task's failed run (all K runs of its seed failed): the policy's other likely actions at its
+    failing steps, each branch finished by the policy itself, greedily. No teacher: nothing but the policy and the
+    verified ending may act on a new task."""
+    if config.new_task_search_steps <= 0 or not hasattr(policy, "runtime"):
+        return SearchResult(failed.task, failed.seed)
+    sampling = policy.sampling
+    policy.sampling = replace(sampling, temperature=0.0, top_k=0)  # branches finished as the policy would deploy
+    try:
+        budget = SearchBudget(env_steps=config.new_task_search_steps)
+        return search_failure(env, policy, failed, budget, seed=zlib.crc32(config.client_id.encode()) + run,
+                              max_steps=config.max_steps)  # fmt: skip
+    finally:
+        policy.sampling = sampling
 
 
 def episode_schedule(config: EdgeConfig) -> Iterator[tuple[int, str, int]]:
@@ -292,9 +338,10 @@ def step_publisher(
     return on_step
 
 
-def samples(policy: Policy, config: EdgeConfig) -> bool:
-    """Whether two runs of one seed can differ: a model sampling at a temperature (experts are scripted)."""
-    return policy.version != "expert" and config.temperature > 0
+def samples(policy: Policy, config: EdgeConfig, task: str = "") -> bool:
+    """Whether two runs of one seed can differ: a model sampling at a temperature, as it always does on a new task
+    (experts are scripted)."""
+    return policy.version != "expert" and (config.temperature > 0 or task in config.new_tasks)
 
 
 def exploration(config: EdgeConfig) -> Sampling:

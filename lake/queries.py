@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from core.object_store import Location
-from lake.tables import EPISODES, STEPS, scan, table_exists, table_uri
+from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, scan, table_exists, table_uri
 
 
 def scan_table(tables_dir: Location, table: str) -> pl.LazyFrame | None:
@@ -73,3 +73,39 @@ def episodes_by_version(tables_dir: Location) -> list[dict]:
         .collect()
         .to_dicts()
     )
+
+
+def supervision_on(tables_dir: Location, tasks: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Per task, what the tables hold on it that a person or a DOM could have supplied, beside the fleet's own
+    steps: {"steps", "episodes", "successes", "expert_steps", "teacher_labels", "target_boxes", "demo_rows"}. On
+    a task nobody demonstrated every count after the third must be 0: the proof, read from the tables themselves,
+    that the fleet learned it from its verified endings alone."""
+    out = {task: dict.fromkeys(("steps", "episodes", "successes", "expert_steps", "teacher_labels", "target_boxes",
+                                "demo_rows"), 0) for task in tasks}  # fmt: skip
+    on = pl.col("task").is_in(list(tasks))
+    steps = scan_table(tables_dir, STEPS)
+    if steps is not None:
+        counts = (
+            steps.filter(on)
+            .group_by("task")
+            .agg(
+                pl.len().alias("steps"),
+                (pl.col("model_version") == "expert").sum().alias("expert_steps"),
+                pl.col("teacher_action_type").is_not_null().sum().alias("teacher_labels"),
+                (pl.col("target_box").list.len().fill_null(0) > 0).sum().alias("target_boxes"),
+            )
+        )
+        for row in counts.collect().iter_rows(named=True):
+            out[row.pop("task")].update(row)
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is not None:
+        counts = episodes.filter(on).group_by("task").agg(pl.len().alias("episodes"),
+                                                          pl.col("success").sum().alias("successes"))  # fmt: skip
+        for row in counts.collect().iter_rows(named=True):
+            out[row.pop("task")].update(row)
+    samples = scan_table(tables_dir, TRAINING_SAMPLES)
+    if samples is not None:
+        counts = samples.filter(on & (pl.col("purpose") == "demo")).group_by("task").agg(pl.len().alias("demo_rows"))
+        for row in counts.collect().iter_rows(named=True):
+            out[row.pop("task")].update(row)
+    return out

@@ -82,6 +82,21 @@ def test_a_new_tasks_temperature_ladder_narrows_as_its_success_under_the_version
     assert sampler.sampling("click-menu", "v2", base, 3, 4).temperature == 2.0  # a new version starts its own count
 
 
+def test_a_new_task_gets_all_its_seeds_only_once_a_success_was_found_and_while_the_version_has_not_solved_it():
+    sampler = NewTaskSampler(3.0, 0.5)
+    assert not sampler.worth_all_seeds("click-menu", "v1")  # nothing found: one seed a visit, and the search
+    sampler.record("click-menu", "v1", False)
+    sampler.found.add("click-menu")  # the search found one
+    assert sampler.worth_all_seeds("click-menu", "v1") and sampler.worth_all_seeds("click-menu", "v2")
+    for _ in range(15):
+        sampler.record("click-menu", "v1", True)
+    assert sampler.worth_all_seeds("click-menu", "v1")  # 15 of 16: 0.94, not solved
+    for _ in range(4):
+        sampler.record("click-menu", "v1", True)
+    assert not sampler.worth_all_seeds("click-menu", "v1")  # 19 of 20: 0.95, solved, only checked on
+    assert sampler.worth_all_seeds("click-menu", "v2")  # a new version is judged on its own runs
+
+
 def test_success_rise_compares_versions_the_fleet_ran_enough():
     versions = [{"episodes": 40, "success_rate": 0.5}, {"episodes": 3, "success_rate": 1.0},
                 {"episodes": 30, "success_rate": 0.7}, {"episodes": 0, "success_rate": None}]  # fmt: skip
@@ -108,7 +123,8 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
             "--retrain-steps", "5", "--retrain-passes", "0", "--rl-updates-per-retrain", "1", "--machines",
-            "--workers", "2",
+            "--workers", "2", "--new-tasks", "click-menu", "--new-task-repeats", "3", "--new-task-search-steps", "0",
+            "--pass-at-k", "2", "--pass-at-k-seeds", "2",
             "--recipe", "demo", "--start-from", ""]  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "flywheel.cli", "demo", *args, "--out", str(out)],
                             env={**os.environ, **broker_env, "FLYWHEEL_DATA_DIR": s3_settings.data_dir},
@@ -174,3 +190,16 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     groups = episodes.group_by("task", "seed").len()
     assert groups["len"].max() >= 2  # sampled rollouts of one start state: GRPO's groups
     assert episodes["episode_id"].n_unique() == episodes.height
+
+    # The new task: the model alone acted on it, sampled, K runs a seed; the tables hold nothing else there.
+    new = report["new_tasks"]
+    assert new["tasks"] == ["click-menu"] and new["supervised_anywhere"] == 0
+    on_new = steps.filter(pl.col("task") == "click-menu")
+    assert new["supervision"]["click-menu"]["steps"] == on_new.height > 0
+    assert (on_new["model_version"] != "expert").all() and on_new["teacher_action_type"].is_null().all()
+    assert (on_new["temperature"] > 0).all() and (on_new["top_k"] == 0).all()  # over every token
+    assert episodes.filter(pl.col("task") == "click-menu").group_by("seed").len()["len"].max() == 3
+    assert set(new["greedy"]) >= {"first", "last", "twin", "last_vs_twin", "last_vs_first"}
+    assert set(new["greedy"]["last"]) == {"click-menu"}
+    assert {w: p["samples"] for w, p in new["pass_at_k"].items()} == {"first": 2, "last": 2, "twin": 2}
+    assert set(greedy["by_group"]) == {"suite", "new"} and greedy["by_group"]["new"]["tasks"] == 1

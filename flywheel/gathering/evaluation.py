@@ -20,18 +20,25 @@ from core.stats import paired_diff_ci
 
 
 def evaluate_bundle(bundle: Path, version: str, tasks: tuple[str, ...], episodes: int | dict[str, int],
-                    browsers: int = 1, seed: int = EVAL_SEED) -> dict:  # fmt: skip
-    """A model bundle run greedily by onnxruntime, as at the edge, on seeds seed.. (edge_client.evaluate's report)."""
+                    browsers: int = 1, seed: int = EVAL_SEED, temperature: float = 0.0,
+                    samples: int = 1) -> dict:  # fmt: skip
+    """A model bundle run by onnxruntime, as at the edge, on seeds seed.. (edge_client.evaluate's report): greedily,
+    or `samples` times a seed at `temperature` over every token (each browser's sampler seeded by its index)."""
+    import itertools
+
     from edge_client.env import EnvConfig
     from edge_client.evaluate import evaluate
     from policy.runtime import VLAPolicy
+    from policy.sampling import Sampling
+
+    browser = itertools.count()
 
     def policies():  # one model session per browser
-        policy = VLAPolicy(bundle, version)
+        policy = VLAPolicy(bundle, version, sampling=Sampling(temperature, seed=seed + next(browser)))
         return lambda _task: policy
 
     return evaluate(policies(), tasks, episodes, seed=seed, env_config=EnvConfig(read_dom=False), browsers=browsers,
-                    more_policies=policies)  # fmt: skip
+                    more_policies=policies, samples=samples)  # fmt: skip
 
 
 def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], episodes: int | dict[str, int], out: Path,
@@ -78,6 +85,36 @@ def greedy_success(version: dict, tasks: tuple[str, ...], episodes: int, browser
             "per_task": {t: round(r["success_rate"], 4) for t, r in report["tasks"].items()},
             "success_by_seed": {t: [e == "success" for e in r["termination_by_seed"]]
                                 for t, r in report["tasks"].items()}}  # fmt: skip
+
+
+def pass_at_k(version: dict, tasks: tuple[str, ...], seeds: int, samples: int, temperature: float,
+              browsers: int) -> dict:  # fmt: skip
+    """A model bundle ({"model_version", "bundle"}) sampled `samples` (K) times on each of `seeds` held-out seeds per
+    task at `temperature` over every token: per task pass@K (any run succeeded) and the sampled pass@1 (all runs),
+    with each seed's pass for paired comparisons."""
+    report = evaluate_bundle(Path(version["bundle"]), version["model_version"], tasks, seeds, browsers,
+                             temperature=temperature, samples=samples)  # fmt: skip
+    return {"model_version": version["model_version"], "samples": samples, "temperature": temperature,
+            "seeds": seeds, "pass_at_k": {t: round(r["pass_at_k"], 4) for t, r in report["tasks"].items()},
+            "sampled_pass_at_1": {t: round(r["success_rate"], 4) for t, r in report["tasks"].items()},
+            "pass_by_seed": {t: r["pass_by_seed"] for t, r in report["tasks"].items()}}  # fmt: skip
+
+
+def paired_by_group(after: dict, before: dict, groups: dict[str, tuple[str, ...]], outcomes: str = "success_by_seed"
+                    ) -> dict:  # fmt: skip
+    """after - before (two results with per-seed `outcomes` on the same seeds) within each group of tasks: both
+    means over the group's tasks (unweighted) and the paired difference with its 95 % bootstrap CI."""
+    out = {}
+    for group, tasks in groups.items():
+        present = [t for t in tasks if t in after[outcomes] and t in before[outcomes]]
+        if not present:
+            continue
+        a, b = ({t: side[outcomes][t] for t in present} for side in (after, before))
+        diff, lo, hi = paired_diff_ci(a, b)
+        mean = lambda side: round(sum(sum(v) / len(v) for v in side.values()) / len(side), 4)  # noqa: E731
+        out[group] = {"after": mean(a), "before": mean(b), "diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)],
+                      "tasks": len(present)}  # fmt: skip
+    return out
 
 
 def paired_difference(after: dict, before: dict) -> dict:

@@ -93,6 +93,14 @@ class DemoConfig:
     model with the same steps and lr on the demonstrations alone (`flywheel twin`), greedy on the same seeds and
     paired with it (report.json "twin", "last_vs_twin": what the fleet's labels or successes bought beyond the
     demonstrations that landed after the first SFT; issue 44). Costs one retrain and one evaluation more."""
+    pass_at_k: int = 4
+    """Continuous, with greedy_episodes: K, the first, last and twin versions each sampled K times on each of
+    pass_at_k_seeds held-out seeds of every new task (report.json "new_tasks" "pass_at_k"; 0: not). What sampling
+    reaches beside what greedy does: learning that only sharpens stays inside it (Yue et al. 2025)."""
+    pass_at_k_seeds: int = 10
+    """Held-out seeds per new task for pass@K (the first of the greedy ones)."""
+    pass_at_k_temperature: float = 1.0
+    """pass@K's sampling temperature, over every token."""
     workers: int = 1
     """Faust workers, one consumer group: each takes a share of the topics' partitions."""
     machines: bool = False

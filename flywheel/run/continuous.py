@@ -71,13 +71,41 @@ def say_summary(report: dict) -> None:
     greedy = report.get("greedy")
     if greedy:
         first, last = greedy["first"], greedy["last"]
-        say(f"greedy success on {greedy['episodes_per_task']} held-out seeds per task: {first['model_version']} "
-            f"{first['success_rate']:.3f} -> {last['model_version']} {last['success_rate']:.3f}, paired difference "
-            f"{greedy['diff']:+.3f} (95 % CI {greedy['ci'][0]:+.3f} .. {greedy['ci'][1]:+.3f})")  # fmt: skip
+        for group, paired in greedy.get("by_group", {}).items():
+            say(f"greedy success on {greedy['episodes_per_task']} held-out seeds per task, {group} tasks: "
+                f"{first['model_version']} {paired['before']:.3f} -> {last['model_version']} {paired['after']:.3f}, "
+                f"paired difference {paired['diff']:+.3f} (95 % CI {paired['ci'][0]:+.3f} .. "
+                f"{paired['ci'][1]:+.3f})")  # fmt: skip
     twin, paired = report.get("twin"), report.get("last_vs_twin")
     if paired:
         say(f"no-fleet twin ({twin['stage']} on the {twin['samples']} demonstration rows alone, {twin['steps']} steps "
-            f"from {twin['start']}): {twin['success_rate']:.3f}; last - twin {paired['diff']:+.3f} (95 % CI "
-            f"{paired['ci'][0]:+.3f} .. {paired['ci'][1]:+.3f}): what the fleet's rows bought")  # fmt: skip
+            f"from {twin['start']}), what the fleet's rows bought:")  # fmt: skip
+        for group, by in paired.get("by_group", {}).items():
+            say(f"  {group} tasks: twin {by['before']:.3f}, last - twin {by['diff']:+.3f} (95 % CI {by['ci'][0]:+.3f} "
+                f".. {by['ci'][1]:+.3f})")  # fmt: skip
     elif twin:
         say(f"no-fleet twin of {twin['of']}: {twin.get('why') or twin.get('error')}")
+    say_new_tasks(report.get("new_tasks"))
+
+
+def say_new_tasks(new: dict | None) -> None:
+    """The tasks nobody demonstrated: what the tables hold there, then each version's greedy success and pass@K."""
+    if not new:
+        return
+    say(f"new tasks (nobody demonstrated; expert steps, labels, target boxes and demonstration rows on them in the "
+        f"tables: {new['supervised_anywhere']}):")  # fmt: skip
+    greedy, passes = new.get("greedy") or {}, new.get("pass_at_k") or {}
+    for task in new["tasks"]:
+        counts = new["supervision"][task]
+        cells = [f"{which} {greedy[which][task]:.2f}" for which in ("first", "last", "twin") if which in greedy]
+        cells += [f"pass@{p['samples']} {which} {p['pass_at_k'][task]:.2f}" for which, p in passes.items()]
+        say(
+            f"  {task:20s} fleet {counts['successes']}/{counts['episodes']} episodes verified; greedy "
+            + ", ".join(cells)
+        )
+    for name in ("last_vs_twin", "last_vs_first"):
+        paired = greedy.get(name)
+        if paired:
+            say(f"  new tasks' mean greedy, {name.replace('_vs_', ' - ')}: {paired['after']:.3f} - "
+                f"{paired['before']:.3f} = {paired['diff']:+.3f} (95 % CI {paired['ci'][0]:+.3f} .. "
+                f"{paired['ci'][1]:+.3f})")  # fmt: skip

@@ -31,13 +31,19 @@ from core.machine import machine
 from core.processes import Child, pin_process
 from core.settings import Settings
 from flywheel.admin.observe import demo_observability
-from flywheel.gathering.evaluation import compare_versions, greedy_success, paired_difference
+from flywheel.gathering.evaluation import (
+    compare_versions,
+    greedy_success,
+    paired_by_group,
+    paired_difference,
+    pass_at_k,
+)
 from flywheel.run.config import DemoConfig, fleet_client, learner_args, twin_args, worker_args
 from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
-from flywheel.run.fleet import FleetRun, run_fleet
+from flywheel.run.fleet import FleetResult, FleetRun, run_fleet
 from flywheel.run.plots import write_plots
 from flywheel.run.stack import LocalStack, local_stack
-from lake.queries import episode_stats
+from lake.queries import episode_stats, supervision_on
 from registry.store import fetch_verified, resolve_model
 
 
@@ -130,14 +136,22 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
     twin_run = start_twin(config, stack, published, learner_cpus)  # before the evaluation below, overlapping it
     greedy = None  # the policy the fleet would deploy, greedy: sampled success can rise by sharpening alone
+    first = last = None
+    tasks = config.fleet.tasks + config.fleet.new_tasks
     if len(published) >= 2 and config.greedy_episodes > 0:
         # The bundles as the fleet receives them: from the model store, digest-checked (on a machine of its own,
         # the learner's working files are not this process's to read).
         first, last = ({**v, "bundle": str(resolve_model(v["model_version"], stack.settings.artifacts_dir)[0])}
                        for v in (published[0], published[-1]))  # fmt: skip
-        greedy = compare_versions(first, last, config.fleet.tasks, config.greedy_episodes, config.clients)
-    twin, last_vs_twin = finish_twin(config, twin_run, greedy)
+        greedy = compare_versions(first, last, tasks, config.greedy_episodes, config.clients)
+        greedy["by_group"] = paired_by_group(greedy["last"], greedy["first"], task_groups(config))
+    twin, last_vs_twin, twin_version = finish_twin(config, twin_run, greedy)
+    if last_vs_twin is not None:
+        last_vs_twin["by_group"] = paired_by_group(greedy["last"], twin, task_groups(config))
+    new_tasks = new_task_report(config, stack, fleet, greedy, twin, [first, last, twin_version])
     return {
+        # What the fleet learned where nobody demonstrated, first: the reason it exists.
+        "new_tasks": new_tasks,
         "mode": "continuous",
         "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/teacher.md, reproducibility)
         "fleet_prefix": FLEET_PREFIX,
@@ -197,22 +211,65 @@ def start_twin(config: DemoConfig, stack: LocalStack, published: list[dict], cpu
     return TwinRun(of, stack.start("twin", args, cpus=cpus, role="learner", machine="learner"))
 
 
-def finish_twin(config: DemoConfig, run: TwinRun | None, greedy: dict | None) -> tuple[dict | None, dict | None]:
-    """(twin, last_vs_twin): the twin greedy on the seeds `greedy` ran (it did: a twin is trained only of a retrain,
-    so of a second version or later), and the last version minus it, paired."""
+def finish_twin(config: DemoConfig, run: TwinRun | None, greedy: dict | None
+                ) -> tuple[dict | None, dict | None, dict | None]:  # fmt: skip
+    """(twin, last_vs_twin, its bundle): the twin greedy on the seeds `greedy` ran (it did: a twin is trained only of
+    a retrain, so of a second version or later), and the last version minus it, paired."""
     if run is None or run.child is None:
-        return ({"of": run.of, **run.why_none} if run else None), None
+        return ({"of": run.of, **run.why_none} if run else None), None, None
     code = run.child.wait()
     run.child.stop()
     if code != 0:  # the run's figures stand without it: say so in the report rather than lose them
         say(f"twin: failed (exit {code}); see {run.child.log_path}")
-        return {"of": run.of, "error": f"exit {code}", "log_tail": run.child.tail()}, None
+        return {"of": run.of, "error": f"exit {code}", "log_tail": run.child.tail()}, None, None
     twin = json.loads((config.out / TWIN_SUMMARY).read_text())
     bundle = fetch_verified(twin["artifact_uri"], twin["sha256"])  # from the store, as the fleet's versions come
+    version = {"model_version": twin["model_version"], "bundle": str(bundle)}
     say(f"greedy: the twin {twin['model_version']} on {config.greedy_episodes} held-out seeds per task")
-    ends = greedy_success({"model_version": twin["model_version"], "bundle": str(bundle)}, config.fleet.tasks,
-                          config.greedy_episodes, config.clients)  # fmt: skip
-    return twin | ends, paired_difference(greedy["last"], ends)
+    ends = greedy_success(version, config.fleet.tasks + config.fleet.new_tasks, config.greedy_episodes,
+                          config.clients)  # fmt: skip
+    return twin | ends, paired_difference(greedy["last"], ends), version
+
+
+def task_groups(config: DemoConfig) -> dict[str, tuple[str, ...]]:
+    """The run's tasks by kind: the demonstrated ones it runs, and the new ones (nobody demonstrated)."""
+    return {"suite": config.fleet.tasks, "new": config.fleet.new_tasks}
+
+
+def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, greedy: dict | None,
+                    twin: dict | None, versions: list[dict | None]) -> dict | None:  # fmt: skip
+    """What the fleet learned on the tasks nobody demonstrated: per task, greedy success of the first and last
+    versions and of the twin (the same retrains without the fleet's rows), pass@K of each, last - twin and
+    last - first paired with their CIs; the fleet's episodes and env steps there; and, from the tables, the proof
+    that nothing but the fleet's verified endings taught them (0 expert steps, 0 labels, 0 target boxes)."""
+    new = config.fleet.new_tasks
+    if not new:
+        return None
+    report: dict = {"tasks": list(new), "supervision": supervision_on(stack.settings.tables_dir, new),
+                    "fleet": {t: fleet.per_task.get(t) for t in new}}  # fmt: skip
+    report["supervised_anywhere"] = sum(
+        counts[k]
+        for counts in report["supervision"].values()
+        for k in ("expert_steps", "teacher_labels", "target_boxes", "demo_rows")
+    )
+    if greedy is None:
+        return report
+    per_task = lambda result: {t: result["per_task"][t] for t in new if t in result.get("per_task", {})}  # noqa: E731
+    report["greedy"] = {"first": per_task(greedy["first"]), "last": per_task(greedy["last"]),
+                        "last_vs_first": greedy["by_group"].get("new")}  # fmt: skip
+    if twin is not None and "per_task" in twin:
+        report["greedy"]["twin"] = per_task(twin)
+        report["greedy"]["last_vs_twin"] = paired_by_group(greedy["last"], twin, {"new": new}).get("new")
+        report["greedy"]["last_vs_twin_per_task"] = paired_by_group(greedy["last"], twin, {t: (t,) for t in new})
+    if config.pass_at_k > 1:
+        report["pass_at_k"] = {}
+        for which, version in zip(("first", "last", "twin"), versions, strict=True):
+            if version is not None:
+                say(f"pass@{config.pass_at_k}: {which} {version['model_version']} on {config.pass_at_k_seeds} "
+                    f"held-out seeds per new task, at temperature {config.pass_at_k_temperature}")  # fmt: skip
+                report["pass_at_k"][which] = pass_at_k(version, new, config.pass_at_k_seeds, config.pass_at_k,
+                                                       config.pass_at_k_temperature, config.clients)  # fmt: skip
+    return report
 
 
 def per_point(labels: int, paired: dict | None) -> float | None:

@@ -83,8 +83,9 @@ def _success(path: Path, report: dict, _tables_dir: Location, _query: QueryRange
 
 
 def _versions(path: Path, report: dict, tables_dir: Location, _query: QueryRange | None) -> None:
+    """The fleet's success by version over time: the demonstrated tasks above, the new tasks (nobody demonstrated)
+    below, each version's mean a bar over the time it ran."""
     import matplotlib.pyplot as plt
-    import numpy as np
     import polars as pl
 
     from lake.tables import EPISODES, scan, table_uri
@@ -92,13 +93,31 @@ def _versions(path: Path, report: dict, tables_dir: Location, _query: QueryRange
     episodes = (
         scan(table_uri(tables_dir, EPISODES))
         .filter(pl.col("client_id").str.starts_with(report["fleet_prefix"]))
-        .select("produced_at", "model_version", "success")
+        .select("produced_at", "model_version", "success", "task")
         .sort("produced_at")
         .collect()
     )
     t0 = (report.get("observability") or {}).get("start") or float(episodes["produced_at"].min())
+    new_tasks = list((report.get("new_tasks") or {}).get("tasks", []))
+    panels = [("demonstrated tasks", ~pl.col("task").is_in(new_tasks))]
+    if new_tasks:
+        panels.append(("new tasks: nobody demonstrated, only the verified ending", pl.col("task").is_in(new_tasks)))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), dpi=110, squeeze=False)
+    for ax, (title, chosen) in zip(axes[:, 0], panels, strict=True):
+        _versions_panel(ax, episodes.filter(chosen), report, t0, title)
+    axes[-1, 0].set_xlabel("seconds since the demo started (dotted: a version published)")
+    fig.suptitle(f"Success by version over time; fleet idle {report['fleet_idle_s']} s of {report['run_s']} s")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _versions_panel(ax, episodes, report: dict, t0: float, title: str) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import polars as pl
+
     stage = {v["model_version"]: v["stage"] for v in report["versions"]} | {"expert": "experts"}
-    fig, ax = plt.subplots(figsize=(13, 4.8), dpi=110)
     colors = plt.get_cmap("tab10")
     order = list(dict.fromkeys(episodes["model_version"].to_list()))
     models = episodes.filter(pl.col("model_version") != "expert")
@@ -120,14 +139,10 @@ def _versions(path: Path, report: dict, tables_dir: Location, _query: QueryRange
     for v in report["versions"]:
         ax.axvline(v["published_at"] - t0, color="grey", ls=":", lw=1)
     ax.set_ylim(-0.02, 1.05)
-    ax.set_xlabel("seconds since the demo started (dotted: a version published)")
-    ax.set_ylabel("fleet success (sampled episodes)")
-    ax.set_title(f"Success by version over time; fleet idle {report['fleet_idle_s']} s of {report['run_s']} s")
+    ax.set_ylabel("fleet success (sampled)")
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _pipeline(path: Path, report: dict, tables_dir: Location, query_range: QueryRange | None) -> None:
