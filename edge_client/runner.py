@@ -90,10 +90,11 @@ class EdgeConfig:
     """The top of a new task's ladder while the running version has not solved it once ..."""
     new_task_min_temperature: float = 0.5
     """... falling linearly with its success under that version to the ladder's foot, this, at success 1."""
-    new_task_search_steps: int = 60
+    new_task_search_steps: int = 100
     """Where all K runs of a new task's seed failed: environment steps the search from the first of them may spend
-    (edge_client.search: the seed reset, its prefix replayed, the policy's other likely actions at a failing step,
-    the policy finishing each branch; 0: no search). Its successes are published as episodes of their own."""
+    (edge_client.search: the seed reset, its prefix replayed, the policy's other likely actions and then the
+    screen's elements, read from its pixels, tried at a failing step, the policy finishing each branch; 0: no
+    search). Its successes are published as episodes of their own."""
 
 
 # `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
@@ -101,6 +102,10 @@ class EdgeConfig:
 FLAG_NAMES = {"episodes_per_task": "--episodes", "wait_for_model_s": "--wait-for-model", "summary_path": "--summary"}
 
 ACTING_GAP_S = 0.5  # an episode boundary (swap, reset) shorter than this is not idleness
+# A new task's search: branches in all, and the screen's elements tried at a failing step after the policy's own 3
+# candidates. count-sides shows 7 elements (the instruction, the shape, 5 buttons): all of them fit.
+NEW_TASK_SEARCH_BRANCHES = 16
+NEW_TASK_SEARCH_ELEMENTS = 12
 
 
 @dataclass
@@ -261,7 +266,8 @@ def search_new_task(env: GuiEnv, policy: Policy, failed, config: EdgeConfig, run
     sampling = policy.sampling
     policy.sampling = replace(sampling, temperature=0.0, top_k=0)  # branches finished as the policy would deploy
     try:
-        budget = SearchBudget(env_steps=config.new_task_search_steps)
+        budget = SearchBudget(env_steps=config.new_task_search_steps, simulations=NEW_TASK_SEARCH_BRANCHES,
+                              element_candidates=NEW_TASK_SEARCH_ELEMENTS)  # fmt: skip
         return search_failure(env, policy, failed, budget, seed=zlib.crc32(config.client_id.encode()) + run,
                               max_steps=config.max_steps)  # fmt: skip
     finally:

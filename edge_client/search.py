@@ -28,6 +28,7 @@ import numpy as np
 from core.settings import EVAL_SEED
 from edge_client.env import screen_difference
 from edge_client.episode import Env, EpisodeResult, run_episode
+from policy.elements import element_centres
 from policy.interface import Decision, Observation, Policy
 from policy.sampling import Sampling
 from policy.screen import POSITIONAL_TYPES
@@ -58,6 +59,10 @@ class SearchBudget:
     candidate fit (a running branch may finish past it, by at most max_steps)."""
     teacher_calls: int = 0
     """Teacher actions over all branches (0: the policy completes every branch, no teacher)."""
+    element_candidates: int = 0
+    """Clicks on the screen's elements, read from its pixels (policy.elements), tried after the policy's own
+    candidates at each failing step: where the policy never learned to want what a new task asks for, its own
+    second choices miss it (0: the policy's candidates only)."""
 
 
 @dataclass
@@ -97,7 +102,14 @@ def candidate_actions(policy, obs: Observation, previous: np.ndarray | None, his
             continue
         if not any(same_place(action, other, budget.distinct_px) for other in [taken, *chosen]):
             chosen.append(action)
-    return chosen[: budget.candidates]
+    chosen = chosen[: budget.candidates]
+    elements = [Action(type="click", x=x, y=y) for x, y in element_centres(obs.screenshot)]
+    for action in elements if budget.element_candidates else []:
+        if len(chosen) >= budget.candidates + budget.element_candidates:
+            break
+        if not any(same_place(action, other, budget.distinct_px) for other in [taken, *chosen]):
+            chosen.append(action)
+    return chosen
 
 
 def same_place(a: Action, b: Action, within_px: float) -> bool:
@@ -134,9 +146,15 @@ class Branch:
 
 
 def failing_steps(failed: EpisodeResult) -> list[int]:
-    """Where to branch, latest first: the steps whose screen did not do what was expected, else every step."""
+    """Where to branch, latest first: the steps whose screen did not do what was expected, else every step; each
+    moved to the first step that showed the same screen (a policy stuck on one screen for nine steps is branched
+    where it first saw it: the same state, at a tenth of the replay, and a shorter success)."""
     unverified = [r.step for r in failed.records if not r.verify.ok]
-    return sorted(unverified or [r.step for r in failed.records], reverse=True)
+    screens = [r.obs.screenshot for r in failed.records]
+    first_seen = [next(i for i in range(j + 1) if screen_difference(screens[i], screens[j]) is None)
+                  for j in range(len(screens))]  # fmt: skip
+    steps = sorted(unverified or [r.step for r in failed.records], reverse=True)
+    return list(dict.fromkeys(first_seen[j] for j in steps))
 
 
 def search_failure(env: Env, policy, failed: EpisodeResult, budget: SearchBudget, seed: int = 0,

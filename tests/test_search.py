@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from edge_client.env import EnvConfig, GuiEnv
-from edge_client.episode import run_episode
+from edge_client.episode import EpisodeResult, StepRecord, run_episode
 from edge_client.experts import expert_for
 from edge_client.search import Branch, SearchBudget, continue_by_teacher, failing_steps, search_failure
 from flywheel.gathering.episodes import label_rows
+from policy.elements import element_centres
 from policy.interface import Decision, Observation
 from policy.runtime import load_policy
 from registry.store import RELEASE_DIR
-from schemas import Action
+from schemas import Action, Verify
 
 TRAINING_SEED = 7_000  # below the evaluation seeds (1,000,000+)
 
@@ -111,3 +112,29 @@ def test_the_teacher_finishes_a_branch_within_its_calls_and_the_policy_after() -
     assert continued is not None and continued.success  # the replayed step matched, then the expert solved it
     assert continued.records[0].decision == failed.records[0].decision  # the policy's own first step, replayed
     assert all(r.decision.logprob is None for r in continued.records[1:])  # then the expert's (no model logprob)
+
+
+def record(step: int, screen: np.ndarray, ok: bool) -> StepRecord:
+    obs = Observation("count-sides", "Press the button.", screen, step=step)
+    return StepRecord(step, obs, Decision("", Action(type="click", x=1, y=1)), Verify(ok=ok), 0.0, None, 1.0)
+
+
+def test_a_policy_stuck_on_one_screen_is_branched_where_it_first_saw_it():
+    stuck, changed = np.zeros((210, 160, 3), np.uint8), np.full((210, 160, 3), 255, np.uint8)
+    records = [record(i, stuck, ok=False) for i in range(4)] + [record(4, changed, ok=False), record(5, stuck, False)]
+    failed = EpisodeResult("count-sides", 7, 6, -1.0, "max_steps", 1.0, records)
+    assert failing_steps(failed) == [0, 4]  # step 5 and 3, 2, 1 showed step 0's screen: branched at 0
+    verified = [record(0, stuck, ok=True), record(1, changed, ok=False)]
+    assert failing_steps(EpisodeResult("count-sides", 7, 2, -1.0, "failure", 1.0, verified)) == [1]
+
+
+def test_the_screens_elements_are_read_from_its_pixels_one_centre_each():
+    screen = np.full((210, 160, 3), 255, np.uint8)
+    screen[:50] = (255, 255, 0)  # a banner: a region, offered last
+    for left in (20, 45, 70):  # three framed buttons 5 px apart, each with a label inside its frame
+        screen[170:190, left : left + 20] = 0
+        screen[172:188, left + 2 : left + 18] = 255
+        screen[178:182, left + 8 : left + 12] = 0
+    screen[100:120, 60:100] = 90  # a shape
+    assert element_centres(screen) == [(80.0, 110.0), (30.0, 180.0), (55.0, 180.0), (80.0, 180.0), (80.0, 25.0)]
+    assert element_centres(np.full((210, 160, 3), 255, np.uint8)) == []  # a blank screen has nothing to press
