@@ -324,11 +324,18 @@ def _experiment(p: argparse.ArgumentParser) -> None:
 
     add_config_arguments(p, ExperimentConfig)
     p.set_defaults(func=cmd_experiment)
-    kinds = p.add_subparsers(dest="kind", metavar="{curriculum,sop}", help="instead of the arms of --config:")
+    kinds = p.add_subparsers(dest="kind", metavar="{curriculum,explore,sop}", help="instead of the arms of --config:")
     curriculum = kinds.add_parser("curriculum", help="SFT / offline RL / online RL arms at the same budget "
                                   "-> OUT/curriculum.json + curriculum.png")  # fmt: skip
     add_config_arguments(curriculum, CurriculumConfig, parse=TASKS)
     curriculum.set_defaults(func=cmd_curriculum)
+    explore = kinds.add_parser("explore", help="the fleet's exploration on the new tasks (K runs a seed on the "
+                               "temperature ladder, then the search): pass@K and pass with the search per task -> "
+                               "OUT/explore.json", formatter_class=HelpFormatter)  # fmt: skip
+    from flywheel.experiments.explore import NOT_EXPLORE_FLAGS, ExploreConfig
+
+    add_config_arguments(explore, ExploreConfig, parse={"fleet.new_tasks": runnable_tasks}, exclude=NOT_EXPLORE_FLAGS)
+    explore.set_defaults(func=cmd_explore)
     sop = kinds.add_parser("sop", help="SOP vs live success over a curriculum run's checkpoints -> OUT/sop.json, "
                            "sop.png")  # fmt: skip
     sop.add_argument("--out", type=Path, default=Path("runs/sop"), help="sop.json and sop.png go here")
@@ -362,6 +369,13 @@ def cmd_curriculum(args: argparse.Namespace) -> int:
     run_curriculum(
         config_from(args, CurriculumConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
     )
+    return 0
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    from flywheel.experiments.explore import ExploreConfig, run_explore
+
+    run_explore(config_from(args, ExploreConfig), get_settings())
     return 0
 
 

@@ -228,6 +228,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.eval_command import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
+    from flywheel.experiments.explore import ExploreConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
@@ -239,7 +240,7 @@ def config_classes() -> dict[str, type]:
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
                CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
-               ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig)  # fmt: skip
+               ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

@@ -191,10 +191,17 @@ def test_flywheel_is_in_wings_each_importing_only_downward():
     assert wing_violations(module_graph(ROOT)) == []
 
 
-@pytest.mark.parametrize("wing", sorted(WINGS))
-def test_each_wing_is_under_1500_lines(wing):
-    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "flywheel" / wing).rglob("*.py"))
-    assert lines < 1500, f"flywheel/{wing}/ holds {lines} lines"
+MAX_FILE_LINES = 600  # a module a newcomer reads in one sitting
+# Modules over the bound today, each held at its size until it is split by meaning (none may grow, none be added).
+OVER_THE_BOUND = {"edge_client/env.py": 625, "flywheel/cli.py": 680, "edge_client/experts.py": 684,
+                  "flywheel/experiments/curriculum.py": 917}  # fmt: skip
+
+
+def test_no_module_is_longer_than_the_bound_and_none_over_it_grows():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")
+             if not {".git", "tests"} & set(p.relative_to(ROOT).parts)}  # fmt: skip
+    over = {path: n for path, n in sizes.items() if n > OVER_THE_BOUND.get(path, MAX_FILE_LINES)}
+    assert not over, f"modules over {MAX_FILE_LINES} lines (or grown past their size in OVER_THE_BOUND): {over}"
 
 
 def test_no_import_chain_inside_flywheel_is_deeper_than_three():
