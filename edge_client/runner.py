@@ -227,18 +227,13 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 asks = teacher if policy.version != "expert" and task not in new_tasks else None
                 result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
                 if task in new_tasks:
-                    sampler.record(task, policy.version, result.success)
                     group = [result] if repeat == 0 else [*group, result]
-                    if repeat == config.new_task_repeats - 1 and not any(r.success for r in group):
-                        found = search_new_task(env, policy, group[0], config, run)
-                        for k, success in enumerate(found.successes):
-                            on_found = step_publisher(publish, config.client_id, f"{episode_id}-search{k}", task,
-                                                      seed, policy.version)  # fmt: skip
-                            for record in success.records:
-                                on_found(record)
-                            summary.record_episode(task, True)
-                            sampler.found.add(task)  # a success to learn from, not one the version drew
-                        summary.record_search(found)
+                    for k, found in enumerate(explore_further(env, policy, group, sampler, config, summary, run)):
+                        on_found = step_publisher(publish, config.client_id, f"{episode_id}-search{k}", task, seed,
+                                                  policy.version)  # fmt: skip
+                        for record in found.records:  # a success the search found: an episode of its own
+                            on_found(record)
+                        summary.record_episode(task, True)
                 summary.record_acting(started, time.time())
                 summary.record_episode(task, result.success)
                 metrics.EPISODES.labels(task, "success" if result.success else "failure", policy.version).inc()
@@ -255,6 +250,21 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     if config.summary_path is not None:
         config.summary_path.write_text(json.dumps(summary.__dict__, indent=2))
     return summary
+
+
+def explore_further(env: GuiEnv, policy: Policy, group: list, sampler: NewTaskSampler, config: EdgeConfig,
+                    summary: RunSummary, run: int) -> list:  # fmt: skip
+    """After a run of a new task's seed (the last of `group`, its runs so far): its ending counted for the task's
+    temperature; after the K-th run, if all K failed, the search from the first. Returns the successes it found."""
+    latest = group[-1]
+    sampler.record(latest.task, policy.version, latest.success)
+    if len(group) < config.new_task_repeats or any(r.success for r in group):
+        return []
+    found = search_new_task(env, policy, group[0], config, run)
+    summary.record_search(found)
+    if found.successes:
+        sampler.found.add(latest.task)  # a success to learn from, not one the version drew
+    return found.successes
 
 
 def search_new_task(env: GuiEnv, policy: Policy, failed, config: EdgeConfig, run: int) -> SearchResult:

@@ -14,9 +14,10 @@ import pytest
 
 from core.object_store import join
 from core.settings import settings_env
+from edge_client.episode import EpisodeResult
 from edge_client.experts import expert_for
 from edge_client.exploration import NewTaskSampler, temperature_for
-from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, samples
+from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, explore_further, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
 from learner.training_tables import load_samples
@@ -95,6 +96,24 @@ def test_a_new_task_gets_all_its_seeds_only_once_a_success_was_found_and_while_t
         sampler.record("click-menu", "v1", True)
     assert not sampler.worth_all_seeds("click-menu", "v1")  # 19 of 20: 0.95, solved, only checked on
     assert sampler.worth_all_seeds("click-menu", "v2")  # a new version is judged on its own runs
+
+
+def test_the_search_follows_only_a_seed_whose_k_runs_all_failed():
+    class Scripted:  # no runtime: the search has nothing to branch with and returns at once
+        version = "v1"
+
+    def ending(success):
+        return EpisodeResult("click-menu", 7, 1, 1.0 if success else -1.0, "success" if success else "failure", 0.1)
+
+    config, summary = EdgeConfig("c0", new_tasks=("click-menu",), new_task_repeats=2), RunSummary("c0")
+    sampler = NewTaskSampler(3.0, 0.5)
+    assert explore_further(None, Scripted(), [ending(False)], sampler, config, summary, 0) == []  # 1 of 2 runs
+    assert summary.search["searches"] == 0
+    explore_further(None, Scripted(), [ending(False), ending(False)], sampler, config, summary, 1)
+    assert summary.search["searches"] == 1  # both failed: searched
+    explore_further(None, Scripted(), [ending(False), ending(True)], sampler, config, summary, 2)
+    assert summary.search["searches"] == 1  # one of the seed's runs succeeded: nothing to search
+    assert sampler.tally["click-menu", "v1"] == [1, 3]  # each call counts its latest run once
 
 
 def test_success_rise_compares_versions_the_fleet_ran_enough():
