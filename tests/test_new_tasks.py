@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import polars as pl
+from miniwob.dom import DOMElement
 
+from edge_client.audit import element_under
 from flywheel.gathering.evaluation import paired_by_group
 from lake.queries import supervision_on
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
@@ -58,3 +60,18 @@ def test_paired_figures_by_group_keep_the_new_tasks_apart_from_the_demonstrated_
     assert groups["suite"]["diff"] == 0.0 and groups["suite"]["after"] == 0.75 and groups["suite"]["tasks"] == 2
     assert groups["new"] == {"after": 1.0, "before": 0.0, "diff": 1.0, "ci": [1.0, 1.0], "tasks": 1}
     assert "absent" not in groups
+
+
+def test_the_audit_counts_a_click_on_the_pages_containers_as_a_click_on_nothing():
+    def node(tag, left, top, width, height, ref, id="", children=()):
+        return {"tag": tag, "left": left, "top": top, "width": width, "height": height, "ref": ref, "id": id,
+                "classes": "", "children": list(children)}  # fmt: skip
+
+    page = DOMElement(node("body", 0, 0, 160, 210, 1, children=[
+        node("div", 0, 0, 160, 210, 2, "wrap", [node("div", 0, 0, 160, 50, 3, "query"),
+                                                 node("div", 0, 50, 160, 160, 4, "area", [
+                                                     node("button", 20, 170, 20, 20, 5, "b3")])])]))  # fmt: skip
+    assert element_under(page, 30, 180)  # the button
+    assert not element_under(page, 100, 120)  # the task area's own background
+    assert not element_under(page, 80, 25)  # the instruction
+    assert not element_under(None, 30, 180)  # the episode had ended

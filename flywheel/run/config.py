@@ -101,6 +101,10 @@ class DemoConfig:
     """Held-out seeds per new task for pass@K (the first of the greedy ones)."""
     pass_at_k_temperature: float = 1.0
     """pass@K's sampling temperature, over every token."""
+    audit: int = 20
+    """Continuous: the kept successes on the new tasks replayed on their seeds with the DOM read, after the run
+    (report.json "new_tasks" "audit": reproduced, clicks on nothing; flywheel.run.audit; 0: none). It reports;
+    nothing it reads reaches training."""
     workers: int = 1
     """Faust workers, one consumer group: each takes a share of the topics' partitions."""
     machines: bool = False

@@ -38,6 +38,7 @@ from flywheel.gathering.evaluation import (
     paired_difference,
     pass_at_k,
 )
+from flywheel.run.audit import audit_kept_successes
 from flywheel.run.config import DemoConfig, fleet_client, learner_args, twin_args, worker_args
 from flywheel.run.continuous import FLEET_PREFIX, idle_seconds, say_summary, split_cpus, success_rise, version_entry
 from flywheel.run.fleet import FleetResult, FleetRun, run_fleet
@@ -252,6 +253,9 @@ def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, g
         for counts in report["supervision"].values()
         for k in ("expert_steps", "teacher_labels", "target_boxes", "demo_rows")
     )
+    if config.audit > 0:
+        say(f"audit: up to {config.audit} kept successes on the new tasks replayed with the DOM read")
+        report["audit"] = audit_kept_successes(stack.settings.tables_dir, new, config.audit)
     if greedy is None:
         return report
     per_task = lambda result: {t: result["per_task"][t] for t in new if t in result.get("per_task", {})}  # noqa: E731
