@@ -63,7 +63,7 @@ def test_the_childrens_command_lines_parse_back_into_the_run_config(parser, tmp_
                   "--teacher-budget", "4", "--teacher-ask", "uncertain", "--loglevel", "info")  # fmt: skip
     learner = config_from(parser.parse_args(learner_args(config)), DaemonConfig)
     assert learner == learner_config(config) == replace(config.learner, self_imitation_top_k=3, new_tasks=NEW_TASKS)
-    assert (learner.min_demos, learner.curriculum, learner.sft_steps, learner.poll_s) == (7, "rl", 100, 2.0)
+    assert (learner.min_demos, learner.curriculum, learner.sft_steps, learner.poll_s) == (7, "rl", 50, 2.0)
     assert learner.start_from == str(RELEASE_DIR / "model.pt") and learner.recipe == "release"  # the tree's own
     twin = parser.parse_args(twin_args(config, "dagger-0002", tmp_path / "twin.json"))
     assert config_from(twin, DaemonConfig) == learner and twin.version == "dagger-0002"

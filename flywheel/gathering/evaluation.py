@@ -2,8 +2,9 @@
 
 * `evaluate_bundle` / `evaluate_model`: greedy success per task on seeds EVAL_SEED.. (edge_client.evaluate, as
   at the edge: onnxruntime, parallel browsers), with each seed's outcome for paired comparisons;
-* `compare_versions`: two versions on the same seeds, the paired difference with its CI (`greedy_success` one
-  version, `paired_difference` any two of them);
+* `greedy_success`: one version greedy on the held-out seeds, each seed's outcome kept; `paired_difference` any two
+  of them on the same seeds, with its CI; `paired_by_group` the same within each group of tasks; `pass_at_k` a
+  version sampled K times a seed;
 * `versus`: two reports on the same seeds, per scope (the `flywheel eval --baseline` comparison; the command
   itself, with SOP, is flywheel.experiments.eval_command).
 """
@@ -65,16 +66,6 @@ def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], epis
     (out / f"eval-{step}.json").write_text(json.dumps(entry, indent=2))
     say(f"arm {meta['arm']} @ {step}: mean {entry['mean']:.3f}")
     return entry
-
-
-def compare_versions(first: dict, last: dict, tasks: tuple[str, ...], episodes: int, browsers: int) -> dict:
-    """Two published versions ({"model_version", "bundle"}), greedy on the same held-out seeds (`episodes` per
-    task): their success and the paired difference last - first with its 95 % bootstrap CI."""
-    ends = {}
-    for which, version in (("first", first), ("last", last)):
-        say(f"greedy: {which} version {version['model_version']} on {episodes} held-out seeds per task")
-        ends[which] = greedy_success(version, tasks, episodes, browsers)
-    return {"first": ends["first"], "last": ends["last"], **paired_difference(ends["last"], ends["first"])}
 
 
 def greedy_success(version: dict, tasks: tuple[str, ...], episodes: int, browsers: int) -> dict:

@@ -59,11 +59,13 @@ def demo_fleet() -> EdgeConfig:
 
 def demo_learner() -> DaemonConfig:
     """The learner daemon as the main job runs it: the shipped release (release/model.pt) fine-tuned with the release
-    recipe's settings, its first version 100 steps once 200 demonstrations are in (the experts' first minutes), then
-    a version every 64 fresh episodes or 3 minutes, the tables polled often. A fleet starts from what is shipped;
-    a fresh model of the small demo recipe (`--recipe demo --start-from '' --sft-steps 800`) starts near 0.55."""
-    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), sft_steps=100, min_demos=200,
-                        every_minutes=3.0, poll_s=2.0)  # fmt: skip
+    recipe's settings, its first version 50 steps once 200 demonstrations are in (the experts' first minute), then
+    a version every 64 fresh episodes or 3 minutes, each retrain at least 200 steps (about 4 minutes on the
+    learner's one core here: the new tasks' successes reach a version only through a retrain), the tables polled
+    often. A fleet starts from what is shipped; a fresh model of the small demo recipe (`--recipe demo --start-from
+    '' --sft-steps 800`) starts near 0.55."""
+    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), sft_steps=50, min_demos=200,
+                        retrain_steps=200, every_minutes=3.0, poll_s=2.0)  # fmt: skip
 
 
 @dataclass
@@ -85,6 +87,9 @@ class DemoConfig:
     minutes: float = 0.0
     """Run continuously for this long instead of in turns: the fleet explores, the learner daemon trains and
     publishes versions as it goes."""
+    finish_stage_s: float = 240.0
+    """Continuous: after the fleet stops, how long the learner may still take to publish the version it is training
+    (on the fleet's last data), while the first version is evaluated beside it (0: cut off at once)."""
     greedy_episodes: int = 50
     """Continuous: at the end, the first and the last published versions run greedily on this many held-out
     seeds per task, paired (report.json "greedy"; 0: not)."""
@@ -97,7 +102,7 @@ class DemoConfig:
     """Continuous, with greedy_episodes: K, the first, last and twin versions each sampled K times on each of
     pass_at_k_seeds held-out seeds of every new task (report.json "new_tasks" "pass_at_k"; 0: not). What sampling
     reaches beside what greedy does: learning that only sharpens stays inside it (Yue et al. 2025)."""
-    pass_at_k_seeds: int = 10
+    pass_at_k_seeds: int = 5
     """Held-out seeds per new task for pass@K (the first of the greedy ones)."""
     pass_at_k_temperature: float = 1.0
     """pass@K's sampling temperature, over every token."""

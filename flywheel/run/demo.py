@@ -32,7 +32,6 @@ from core.processes import Child, pin_process
 from core.settings import Settings
 from flywheel.admin.observe import demo_observability
 from flywheel.gathering.evaluation import (
-    compare_versions,
     greedy_success,
     paired_by_group,
     paired_difference,
@@ -130,26 +129,42 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     )  # fmt: skip
     if not learner.running():
         raise RuntimeError(f"the learner stopped during the run (exit {learner.proc.returncode}):\n{learner.tail()}")
-    learner.stop()  # a stage still training is cut off: only published versions count
-    published = json.loads(state_path.read_text())["versions"] if state_path.exists() else []
+    tasks = config.fleet.tasks + config.fleet.new_tasks
+    evaluate = config.greedy_episodes > 0
+    if fleet_cpus:  # the evaluations and their browsers stay off the learner's CPUs while it finishes its stage
+        pin_process(os.getpid(), fleet_cpus)
+    # The first version is known: evaluate it while the learner finishes the version it is training on the fleet's
+    # last data (the fleet's last minutes would otherwise reach no version).
+    published = read_versions(state_path)
+    first = bundle_of(published[0], stack) if published and evaluate else None
+    if first:
+        say(f"greedy: first version {first['model_version']} on {config.greedy_episodes} held-out seeds per task, "
+            f"while the learner finishes its stage (up to {config.finish_stage_s:.0f} s)")  # fmt: skip
+    first_ends = greedy_success(first, tasks, config.greedy_episodes, config.clients) if first else None
+    passes = {"first": pass_at_k_of(config, first)} if first else {}
+    finish_stage(learner, state_path, time.monotonic() + config.finish_stage_s)
+    learner.stop()  # a stage still training now is cut off: only published versions count
+    published = read_versions(state_path)
     end = max((b for _, b in fleet.acting), default=fleet.started_at)
     idle = idle_seconds(fleet.acting, fleet.started_at, end)
     versions = [version_entry(v, stack.settings.tables_dir, fleet.started_at) for v in published]
     twin_run = start_twin(config, stack, published, learner_cpus)  # before the evaluation below, overlapping it
     greedy = None  # the policy the fleet would deploy, greedy: sampled success can rise by sharpening alone
-    first = last = None
-    tasks = config.fleet.tasks + config.fleet.new_tasks
-    if len(published) >= 2 and config.greedy_episodes > 0:
+    last = None
+    if len(published) >= 2 and first_ends:
         # The bundles as the fleet receives them: from the model store, digest-checked (on a machine of its own,
         # the learner's working files are not this process's to read).
-        first, last = ({**v, "bundle": str(resolve_model(v["model_version"], stack.settings.artifacts_dir)[0])}
-                       for v in (published[0], published[-1]))  # fmt: skip
-        greedy = compare_versions(first, last, tasks, config.greedy_episodes, config.clients)
+        last = bundle_of(published[-1], stack)
+        say(f"greedy: last version {last['model_version']} on {config.greedy_episodes} held-out seeds per task")
+        last_ends = greedy_success(last, tasks, config.greedy_episodes, config.clients)
+        greedy = {"first": first_ends, "last": last_ends, **paired_difference(last_ends, first_ends)}
         greedy["by_group"] = paired_by_group(greedy["last"], greedy["first"], task_groups(config))
+        passes["last"] = pass_at_k_of(config, last)
     twin, last_vs_twin, twin_version = finish_twin(config, twin_run, greedy)
     if last_vs_twin is not None:
         last_vs_twin["by_group"] = paired_by_group(greedy["last"], twin, task_groups(config))
-    new_tasks = new_task_report(config, stack, fleet, greedy, twin, [first, last, twin_version])
+        passes["twin"] = pass_at_k_of(config, twin_version)
+    new_tasks = new_task_report(config, stack, fleet, greedy, twin, passes)
     return {
         # What the fleet learned where nobody demonstrated, first: the reason it exists.
         "new_tasks": new_tasks,
@@ -226,9 +241,11 @@ def finish_twin(config: DemoConfig, run: TwinRun | None, greedy: dict | None
     twin = json.loads((config.out / TWIN_SUMMARY).read_text())
     bundle = fetch_verified(twin["artifact_uri"], twin["sha256"])  # from the store, as the fleet's versions come
     version = {"model_version": twin["model_version"], "bundle": str(bundle)}
-    say(f"greedy: the twin {twin['model_version']} on {config.greedy_episodes} held-out seeds per task")
-    ends = greedy_success(version, config.fleet.tasks + config.fleet.new_tasks, config.greedy_episodes,
-                          config.clients)  # fmt: skip
+    # On the new tasks only, where it is the control that counts (the suite's change is last - first); on the suite
+    # where the run has no new task. Its evaluation is a third of the main job's end.
+    tasks = config.fleet.new_tasks or config.fleet.tasks
+    say(f"greedy: the twin {twin['model_version']} on {config.greedy_episodes} held-out seeds per task of {tasks}")
+    ends = greedy_success(version, tasks, config.greedy_episodes, config.clients)
     return twin | ends, paired_difference(greedy["last"], ends), version
 
 
@@ -237,8 +254,38 @@ def task_groups(config: DemoConfig) -> dict[str, tuple[str, ...]]:
     return {"suite": config.fleet.tasks, "new": config.fleet.new_tasks}
 
 
+def read_versions(state_path: Path) -> list[dict]:
+    """The versions the learner daemon has published, in order (learner.daemon.DaemonState)."""
+    return json.loads(state_path.read_text())["versions"] if state_path.exists() else []
+
+
+def bundle_of(version: dict, stack: LocalStack) -> dict:
+    """A published version with its bundle as the fleet receives it: from the model store, digest-checked."""
+    return {**version, "bundle": str(resolve_model(version["model_version"], stack.settings.artifacts_dir)[0])}
+
+
+def finish_stage(learner: Child, state_path: Path, deadline: float) -> None:
+    """Wait, until `deadline` (monotonic), while the learner daemon trains a stage it will publish."""
+    while time.monotonic() < deadline and learner.running():
+        in_progress = json.loads(state_path.read_text()).get("in_progress") if state_path.exists() else None
+        if not in_progress:
+            return
+        time.sleep(2.0)
+    say("the learner's stage in progress is cut off at the deadline")
+
+
+def pass_at_k_of(config: DemoConfig, version: dict | None) -> dict | None:
+    """pass@K of a version on the new tasks (None: no version, no new task, or pass@K off)."""
+    if version is None or not config.fleet.new_tasks or config.pass_at_k < 2:
+        return None
+    say(f"pass@{config.pass_at_k}: {version['model_version']} on {config.pass_at_k_seeds} held-out seeds per new "
+        f"task, at temperature {config.pass_at_k_temperature}")  # fmt: skip
+    return pass_at_k(version, config.fleet.new_tasks, config.pass_at_k_seeds, config.pass_at_k,
+                     config.pass_at_k_temperature, config.clients)  # fmt: skip
+
+
 def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, greedy: dict | None,
-                    twin: dict | None, versions: list[dict | None]) -> dict | None:  # fmt: skip
+                    twin: dict | None, passes: dict[str, dict | None]) -> dict | None:  # fmt: skip
     """What the fleet learned on the tasks nobody demonstrated: per task, greedy success of the first and last
     versions and of the twin (the same retrains without the fleet's rows), pass@K of each, last - twin and
     last - first paired with their CIs; the fleet's episodes and env steps there; and, from the tables, the proof
@@ -265,14 +312,7 @@ def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, g
         report["greedy"]["twin"] = per_task(twin)
         report["greedy"]["last_vs_twin"] = paired_by_group(greedy["last"], twin, {"new": new}).get("new")
         report["greedy"]["last_vs_twin_per_task"] = paired_by_group(greedy["last"], twin, {t: (t,) for t in new})
-    if config.pass_at_k > 1:
-        report["pass_at_k"] = {}
-        for which, version in zip(("first", "last", "twin"), versions, strict=True):
-            if version is not None:
-                say(f"pass@{config.pass_at_k}: {which} {version['model_version']} on {config.pass_at_k_seeds} "
-                    f"held-out seeds per new task, at temperature {config.pass_at_k_temperature}")  # fmt: skip
-                report["pass_at_k"][which] = pass_at_k(version, new, config.pass_at_k_seeds, config.pass_at_k,
-                                                       config.pass_at_k_temperature, config.clients)  # fmt: skip
+    report["pass_at_k"] = {which: p for which, p in passes.items() if p is not None}
     return report
 
 
