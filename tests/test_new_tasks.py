@@ -75,3 +75,10 @@ def test_the_audit_counts_a_click_on_the_pages_containers_as_a_click_on_nothing(
     assert not element_under(page, 100, 120)  # the task area's own background
     assert not element_under(page, 80, 25)  # the instruction
     assert not element_under(None, 30, 180)  # the episode had ended
+
+
+def test_a_group_of_unequal_lengths_is_compared_on_the_seeds_both_ran():
+    greedy_last = {"success_by_seed": {"n": [True, False, True, True]}}  # 4 held-out seeds
+    best_of_k_first = {"success_by_seed": {"n": [False, False]}}  # its first 2, K tries each
+    paired = paired_by_group(greedy_last, best_of_k_first, {"new": ("n",)})["new"]
+    assert (paired["after"], paired["before"], paired["diff"]) == (0.5, 0.0, 0.5)

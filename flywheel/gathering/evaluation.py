@@ -93,14 +93,16 @@ def pass_at_k(version: dict, tasks: tuple[str, ...], seeds: int, samples: int, t
 
 def paired_by_group(after: dict, before: dict, groups: dict[str, tuple[str, ...]], outcomes: str = "success_by_seed"
                     ) -> dict:  # fmt: skip
-    """after - before (two results with per-seed `outcomes` on the same seeds) within each group of tasks: both
-    means over the group's tasks (unweighted) and the paired difference with its 95 % bootstrap CI."""
+    """after - before (two results with per-seed `outcomes` on the same seeds; where one ran more, the seeds both
+    ran) within each group of tasks: both means over the group's tasks (unweighted) and the paired difference with
+    its 95 % bootstrap CI."""
     out = {}
     for group, tasks in groups.items():
         present = [t for t in tasks if t in after[outcomes] and t in before[outcomes]]
         if not present:
             continue
-        a, b = ({t: side[outcomes][t] for t in present} for side in (after, before))
+        n = {t: min(len(after[outcomes][t]), len(before[outcomes][t])) for t in present}  # the seeds both ran
+        a, b = ({t: side[outcomes][t][: n[t]] for t in present} for side in (after, before))
         diff, lo, hi = paired_diff_ci(a, b)
         mean = lambda side: round(sum(sum(v) / len(v) for v in side.values()) / len(side), 4)  # noqa: E731
         out[group] = {"after": mean(a), "before": mean(b), "diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)],

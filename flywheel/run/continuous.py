@@ -109,3 +109,9 @@ def say_new_tasks(new: dict | None) -> None:
             say(f"  new tasks' mean greedy, {name.replace('_vs_', ' - ')}: {paired['after']:.3f} - "
                 f"{paired['before']:.3f} = {paired['diff']:+.3f} (95 % CI {paired['ci'][0]:+.3f} .. "
                 f"{paired['ci'][1]:+.3f})")  # fmt: skip
+    best = new.get("last_vs_first_best_of_k")
+    if best:
+        say(f"  the last version greedy - the first's best of {best['samples']} at test time (oracle verifier, "
+            f"{best['seeds']} seeds a task): {best['after']:.3f} - {best['before']:.3f} = {best['diff']:+.3f} "
+            f"(95 % CI {best['ci'][0]:+.3f} .. {best['ci'][1]:+.3f}); the fleet spent {best['fleet_env_steps']} "
+            f"env steps on these tasks")  # fmt: skip

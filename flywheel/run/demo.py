@@ -313,6 +313,13 @@ def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, g
         report["greedy"]["last_vs_twin"] = paired_by_group(greedy["last"], twin, {"new": new}).get("new")
         report["greedy"]["last_vs_twin_per_task"] = paired_by_group(greedy["last"], twin, {t: (t,) for t in new})
     report["pass_at_k"] = {which: p for which, p in passes.items() if p is not None}
+    first_passes = report["pass_at_k"].get("first")
+    if first_passes:  # does the learned policy, in one try, beat the first version searching K tries at test time?
+        report["last_vs_first_best_of_k"] = {
+            "samples": first_passes["samples"], "seeds": first_passes["seeds"],
+            "fleet_env_steps": sum(c["steps"] for c in report["supervision"].values()),
+            **paired_by_group({"success_by_seed": greedy["last"]["success_by_seed"]},
+                              {"success_by_seed": first_passes["pass_by_seed"]}, {"new": new})["new"]}  # fmt: skip
     return report
 
 
