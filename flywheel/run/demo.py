@@ -129,6 +129,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     )  # fmt: skip
     if not learner.running():
         raise RuntimeError(f"the learner stopped during the run (exit {learner.proc.returncode}):\n{learner.tail()}")
+    learner_deadline = time.monotonic() + config.finish_stage_s  # counted from the fleet's end
     tasks = config.fleet.tasks + config.fleet.new_tasks
     evaluate = config.greedy_episodes > 0
     if fleet_cpus:  # the evaluations and their browsers stay off the learner's CPUs while it finishes its stage
@@ -142,7 +143,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
             f"while the learner finishes its stage (up to {config.finish_stage_s:.0f} s)")  # fmt: skip
     first_ends = greedy_success(first, tasks, config.greedy_episodes, config.clients) if first else None
     passes = {"first": pass_at_k_of(config, first)} if first else {}
-    finish_stage(learner, state_path, time.monotonic() + config.finish_stage_s)
+    finish_stage(learner, state_path, learner_deadline)
     learner.stop()  # a stage still training now is cut off: only published versions count
     published = read_versions(state_path)
     end = max((b for _, b in fleet.acting), default=fleet.started_at)
