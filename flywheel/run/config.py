@@ -87,7 +87,7 @@ class DemoConfig:
     minutes: float = 0.0
     """Run continuously for this long instead of in turns: the fleet explores, the learner daemon trains and
     publishes versions as it goes."""
-    finish_stage_s: float = 240.0
+    finish_stage_s: float = 300.0
     """Continuous: after the fleet stops, how long the learner may still take to publish the version it is training
     (on the fleet's last data), while the first version is evaluated beside it (0: cut off at once)."""
     greedy_episodes: int = 50
