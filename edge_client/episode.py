@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from selenium.common.exceptions import WebDriverException
 
-from edge_client.env import StepResult, task_name
+from edge_client.env import StepResult, screen_difference, task_name
 from edge_client.teacher import Teacher
 from edge_client.verify import verify_step
 from policy.interface import Decision, Observation, Policy
@@ -99,11 +99,14 @@ def run_episode(
     max_steps: int = 10,
     on_step: Callable[[StepRecord], None] | None = None,
     teacher: Teacher | None = None,
+    stall_steps: int = 0,
 ) -> EpisodeResult:
     """Reset `env` to (task, seed) and let `policy` act until the episode ends; `on_step` sees each step
-    as soon as it is recorded (the runner publishes it there). `teacher`: labels the screens its rule picks."""
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    as soon as it is recorded (the runner publishes it there). `teacher`: labels the screens its rule picks.
+    `stall_steps` N > 0: the N-th action in a row on one unchanged screen is the last (the episode ends as
+    max_steps: its step budget spent where nothing it did showed); 0: only max_steps ends it."""
+    if max_steps < 1 or stall_steps < 0:
+        raise ValueError(f"max_steps must be >= 1 and stall_steps >= 0, got {max_steps}, {stall_steps}")
     t0 = time.perf_counter()
     obs = env.reset(seed=seed, task=task)
     if teacher is not None:
@@ -111,7 +114,8 @@ def run_episode(
     records: list[StepRecord] = []
     for step in range(max_steps):
         previous_ok = records[-1].verify.ok if records else None
-        record = _step(env, policy, obs, step, step == max_steps - 1, teacher, previous_ok)
+        last = step == max_steps - 1 or stalled(records, obs, stall_steps)
+        record = _step(env, policy, obs, step, last, teacher, previous_ok)
         records.append(record)
         if on_step is not None:
             on_step(record)
@@ -125,6 +129,15 @@ def run_episode(
     if teacher is not None:
         teacher.end_episode(task_name(task), final.termination == "success")
     return EpisodeResult(task_name(task), seed, len(records), final.reward, final.termination, wall_s, records)
+
+
+def stalled(records: list[StepRecord], obs: Observation, stall_steps: int) -> bool:
+    """Whether acting on `obs` would be the `stall_steps`-th action in a row on the same screen."""
+    if stall_steps < 1 or len(records) < stall_steps - 1:
+        return False
+    return all(
+        screen_difference(r.obs.screenshot, obs.screenshot) is None for r in records[len(records) - stall_steps + 1 :]
+    )
 
 
 def _step(env: Env, policy: Policy, obs: Observation, step: int, last: bool, teacher: Teacher | None = None,

@@ -90,6 +90,9 @@ class EdgeConfig:
     """The top of a new task's ladder while the running version has not solved it once ..."""
     new_task_min_temperature: float = 0.5
     """... falling linearly with its success under that version to the ladder's foot, this, at success 1."""
+    new_task_stall_steps: int = 3
+    """A new task's sampled run ends at its this-many-th action in a row on one unchanged screen (as max_steps): a
+    policy that clicks where nothing happens spends the rest of its 10 steps there (0: never)."""
     new_task_search_steps: int = 100
     """Where all K runs of a new task's seed failed: environment steps the search from the first of them may spend
     (edge_client.search: the seed reset, its prefix replayed, the policy's other likely actions and then the
@@ -225,7 +228,8 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                 on_step = step_publisher(publish, config.client_id, episode_id, task, seed, policy.version)
                 started = time.time()
                 asks = teacher if policy.version != "expert" and task not in new_tasks else None
-                result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks)
+                stall = config.new_task_stall_steps if task in new_tasks else 0
+                result = run_episode(env, policy, task, seed, config.max_steps, on_step, asks, stall)
                 if task in new_tasks:
                     group = [result] if repeat == 0 else [*group, result]
                     for k, found in enumerate(explore_further(env, policy, group, sampler, config, summary, run)):

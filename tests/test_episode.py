@@ -3,7 +3,7 @@ and that the runner's events, the scorer and `evaluate` all see that same ending
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -160,3 +160,18 @@ def test_evaluate_with_samples_reports_pass_at_k_beside_the_rate_of_all_runs():
     assert report["mean_pass_at_k"] == 2 / 3 and report["samples"] == 4
     with pytest.raises(ValueError, match="samples"):
         evaluate(lambda _task: Clicker(), ["click-test"], episodes=1, env=env, samples=0)
+
+
+def test_a_run_that_acts_on_one_unchanged_screen_ends_at_its_stall_budget():
+    # The fake env shows the same screen after every step: the 3rd action on it is the last.
+    result = run_episode(FakeEnv([running()] * 10), Clicker(), "click-test", 0, max_steps=10, stall_steps=3)
+    assert (result.steps, result.termination) == (3, "max_steps")
+    assert run_episode(FakeEnv([running()] * 10), Clicker(), "click-test", 0, max_steps=10).steps == 10  # off
+
+    class Changing(FakeEnv):  # a new screen after every step: never stalled
+        def step(self, action: Action) -> StepResult:
+            super().step(action)
+            self.shown = getattr(self, "shown", 0) + 1
+            return StepResult(replace(obs(), screenshot=screen(self.shown)), 0.0, False, {"termination": None})
+
+    assert run_episode(Changing([running()] * 10), Clicker(), "click-test", 0, max_steps=10, stall_steps=3).steps == 10

@@ -71,7 +71,8 @@ def run_explore(config: ExploreConfig, settings: Settings) -> dict:
                 group = []
                 for repeat in range(k):
                     policy.sampling = sampler.sampling(task, version, base, repeat, k)
-                    group.append(run_episode(env, policy, task, seed, fleet.max_steps))
+                    group.append(run_episode(env, policy, task, seed, fleet.max_steps,
+                                             stall_steps=fleet.new_task_stall_steps))  # fmt: skip
                     sampler.record(task, version, group[-1].success)
                     run += 1
                 entry["env_steps_sampled"] += sum(r.steps for r in group)
