@@ -166,6 +166,8 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         last_vs_twin["by_group"] = paired_by_group(greedy["last"], twin, task_groups(config))
         passes["twin"] = pass_at_k_of(config, twin_version)
     new_tasks = new_task_report(config, stack, fleet, greedy, twin, passes)
+    if new_tasks is not None:
+        new_tasks["cost"] = point_cost(new_tasks, versions, len(learner_cpus or ()) or os.cpu_count() or 1)
     return {
         # What the fleet learned where nobody demonstrated, first: the reason it exists.
         "new_tasks": new_tasks,
@@ -322,6 +324,17 @@ def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, g
             **paired_by_group({"success_by_seed": greedy["last"]["success_by_seed"]},
                               {"success_by_seed": first_passes["pass_by_seed"]}, {"new": new})["new"]}  # fmt: skip
     return report
+
+
+def point_cost(new_tasks: dict, versions: list[dict], learner_cpus: int) -> dict:
+    """What a point (0.01) of the new tasks' last - twin cost: the fleet's env steps on them, and the learner's
+    CPU-seconds (its versions' training time on its CPUs; the first SFT included)."""
+    env_steps = sum(c["steps"] for c in new_tasks["supervision"].values())
+    cpu_s = round(learner_cpus * sum(v.get("train_s") or 0.0 for v in versions), 1)
+    gain = 100 * ((new_tasks.get("greedy") or {}).get("last_vs_twin") or {}).get("diff", 0.0)
+    return {"env_steps": env_steps, "learner_cpu_s": cpu_s,
+            "env_steps_per_point": round(env_steps / gain, 1) if gain > 0 else None,
+            "learner_cpu_s_per_point": round(cpu_s / gain, 1) if gain > 0 else None}  # fmt: skip
 
 
 def per_point(labels: int, paired: dict | None) -> float | None:
