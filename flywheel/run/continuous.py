@@ -111,8 +111,9 @@ def say_new_tasks(new: dict | None) -> None:
                 f"{paired['ci'][1]:+.3f})")  # fmt: skip
     cost = new.get("cost")
     if cost:
-        say(f"  a point of last - twin cost {cost['env_steps_per_point']} env steps and {cost['learner_cpu_s_per_point']} "
-            f"learner CPU-seconds ({cost['env_steps']} and {cost['learner_cpu_s']} in all)")  # fmt: skip
+        say(f"  a point of last - twin cost {cost['env_steps_per_point']} env steps and "
+            f"{cost['learner_cpu_s_per_point']} learner CPU-seconds ({cost['env_steps']} and {cost['learner_cpu_s']} "
+            f"in all)")  # fmt: skip
     best = new.get("last_vs_first_best_of_k")
     if best:
         say(f"  the last version greedy - the first's best of {best['samples']} at test time (oracle verifier, "
