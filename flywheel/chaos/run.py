@@ -94,6 +94,7 @@ class ChaosConfig:
 NOT_CHAOS_FLAGS = (
     "run.turns", "run.finetune_steps", "run.drain_timeout_s", "run.prometheus", "run.prometheus_port",
     "run.greedy_episodes", "run.twin", "run.workers", "run.machines", "run.learner_cpu_share", "run.worker",
+    "run.finish_stage_s", "run.pass_at_k", "run.pass_at_k_seeds", "run.pass_at_k_temperature", "run.audit",
     "run.fleet.episodes_per_task", "run.fleet.repeats", *(f"run.{path}" for path in NOT_DEMO_FLAGS),
 )  # fmt: skip
 
