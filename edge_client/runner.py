@@ -124,12 +124,15 @@ class RunSummary:
     teacher_skipped: dict[str, int] = field(default_factory=dict)  # labels due but not had, by why
     teacher_reused: int = 0  # labels given again to a screen labelled before (no call)
     search: dict[str, int] = field(
-        default_factory=lambda: {"searches": 0, "simulations": 0, "env_steps": 0, "successes": 0}
-    )  # new tasks' searches, all together
+        default_factory=lambda: dict.fromkeys(
+            ("searches", "simulations", "env_steps", "successes", "published_steps"), 0
+        )
+    )  # new tasks' searches, all together; published_steps: the successes' steps, which are published as episodes
 
     def record_search(self, found: SearchResult) -> None:
         for key, value in (("searches", 1), ("simulations", found.simulations), ("env_steps", found.env_steps),
-                           ("successes", len(found.successes))):  # fmt: skip
+                           ("successes", len(found.successes)),
+                           ("published_steps", sum(r.steps for r in found.successes))):  # fmt: skip
             self.search[key] += value
 
     def record_acting(self, start: float, end: float) -> None:
@@ -262,7 +265,7 @@ def explore_further(env: GuiEnv, policy: Policy, group: list, sampler: NewTaskSa
     temperature; after the K-th run, if all K failed, the search from the first. Returns the successes it found."""
     latest = group[-1]
     sampler.record(latest.task, policy.version, latest.success)
-    if len(group) < config.new_task_repeats or any(r.success for r in group):
+    if len(group) < config.new_task_repeats or any(r.success for r in group) or config.new_task_search_steps <= 0:
         return []
     found = search_new_task(env, policy, group[0], config, run)
     summary.record_search(found)
@@ -275,7 +278,7 @@ def search_new_task(env: GuiEnv, policy: Policy, failed, config: EdgeConfig, run
     """Search from a new task's failed run (all K runs of its seed failed): the policy's other likely actions at its
     failing steps, each branch finished by the policy itself, greedily. No teacher: nothing but the policy and the
     verified ending may act on a new task."""
-    if config.new_task_search_steps <= 0 or not hasattr(policy, "runtime"):
+    if not hasattr(policy, "runtime"):  # a policy without a decoder to ask for its other actions
         return SearchResult(failed.task, failed.seed)
     sampling = policy.sampling
     policy.sampling = replace(sampling, temperature=0.0, top_k=0)  # branches finished as the policy would deploy

@@ -223,5 +223,7 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     assert set(new["greedy"]["last"]) == {"click-menu"}
     assert {w: p["samples"] for w, p in new["pass_at_k"].items()} == {"first": 2, "last": 2, "twin": 2}
     assert set(greedy["by_group"]) == {"suite", "new"} and greedy["by_group"]["new"]["tasks"] == 1
+    assert new["search"].get("searches", 0) == 0  # --new-task-search-steps 0: no search ran
+    assert new["cost"]["env_steps"] == new["supervision"]["click-menu"]["steps"] and new["cost"]["learner_cpu_s"] > 0
     audit = new["audit"]  # the kept successes replayed with the DOM read (after the run: nothing reaches training)
     assert audit["audited"] == min(20, audit["kept"]) and audit["reproduced"] <= audit["audited"]

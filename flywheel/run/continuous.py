@@ -118,5 +118,5 @@ def say_new_tasks(new: dict | None) -> None:
     if best:
         say(f"  the last version greedy - the first's best of {best['samples']} at test time (oracle verifier, "
             f"{best['seeds']} seeds a task): {best['after']:.3f} - {best['before']:.3f} = {best['diff']:+.3f} "
-            f"(95 % CI {best['ci'][0]:+.3f} .. {best['ci'][1]:+.3f}); the fleet spent {best['fleet_env_steps']} "
-            f"env steps on these tasks")  # fmt: skip
+            f"(95 % CI {best['ci'][0]:+.3f} .. {best['ci'][1]:+.3f}); the fleet spent "
+            f"{(cost or {}).get('env_steps')} env steps on these tasks")  # fmt: skip

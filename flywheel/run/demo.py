@@ -167,6 +167,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         passes["twin"] = pass_at_k_of(config, twin_version)
     new_tasks = new_task_report(config, stack, fleet, greedy, twin, passes)
     if new_tasks is not None:
+        new_tasks["search"] = fleet.search
         new_tasks["cost"] = point_cost(new_tasks, versions, len(learner_cpus or ()) or os.cpu_count() or 1)
     return {
         # What the fleet learned where nobody demonstrated, first: the reason it exists.
@@ -320,16 +321,18 @@ def new_task_report(config: DemoConfig, stack: LocalStack, fleet: FleetResult, g
     if first_passes:  # does the learned policy, in one try, beat the first version searching K tries at test time?
         report["last_vs_first_best_of_k"] = {
             "samples": first_passes["samples"], "seeds": first_passes["seeds"],
-            "fleet_env_steps": sum(c["steps"] for c in report["supervision"].values()),
             **paired_by_group({"success_by_seed": greedy["last"]["success_by_seed"]},
                               {"success_by_seed": first_passes["pass_by_seed"]}, {"new": new})["new"]}  # fmt: skip
     return report
 
 
 def point_cost(new_tasks: dict, versions: list[dict], learner_cpus: int) -> dict:
-    """What a point (0.01) of the new tasks' last - twin cost: the fleet's env steps on them, and the learner's
-    CPU-seconds (its versions' training time on its CPUs; the first SFT included)."""
-    env_steps = sum(c["steps"] for c in new_tasks["supervision"].values())
+    """What a point (0.01) of the new tasks' last - twin cost: the fleet's env steps on them (the steps in the tables,
+    and the searches' branches that found nothing, which reach no table), and the learner's CPU-seconds (its
+    versions' training time on its CPUs; the first SFT included)."""
+    search = new_tasks.get("search") or {}
+    unpublished = search.get("env_steps", 0) - search.get("published_steps", 0)
+    env_steps = sum(c["steps"] for c in new_tasks["supervision"].values()) + unpublished
     cpu_s = round(learner_cpus * sum(v.get("train_s") or 0.0 for v in versions), 1)
     gain = 100 * ((new_tasks.get("greedy") or {}).get("last_vs_twin") or {}).get("diff", 0.0)
     return {"env_steps": env_steps, "learner_cpu_s": cpu_s,

@@ -72,6 +72,9 @@ class FleetResult:
     """Every client's [start, end] spans in episodes (RunSummary.acting), all clients together."""
     teacher: dict
     """The teacher's calls, all clients together: labels by why asked, skipped by why, reused (no call)."""
+    search: dict
+    """The new tasks' searches, all clients together: searches, branches, env steps, successes found, and the steps
+    of those successes published (the search's other steps reach no table)."""
 
 
 def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
@@ -117,6 +120,7 @@ def run_fleet(run: FleetRun, stack: Stack, out: Path) -> FleetResult:
         started_at=started_at,
         acting=[span for s in client_summaries for span in s["acting"]],
         teacher=teacher_calls(client_summaries),
+        search=dict(sum((Counter(c.get("search", {})) for c in client_summaries), Counter())),
     )
 
 
