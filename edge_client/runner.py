@@ -194,6 +194,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     env = GuiEnv((config.tasks + config.new_tasks)[0], EnvConfig(read_dom=reads_dom))
     schedule = episode_schedule(config)
     deadline = time.monotonic() + config.stop_after_s if config.stop_after_s > 0 else None
+    base = exploration(config)  # the client's sampler; a new task's runs take it to their temperature
     unavailable = None  # the task of the visit being skipped: no policy may act on it yet
     group: list = []  # the runs so far of the new task's seed being explored
     # SIGTERM (a restart, a deploy) ends the client at the next episode boundary, its spool drained: an episode
@@ -216,7 +217,6 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
                         task, policy.version):  # fmt: skip
                     continue  # one seed a visit where nothing was found yet, or the version solves it
                 if policy.version != "expert" and hasattr(policy, "sampling"):
-                    base = exploration(config)
                     policy.sampling = (
                         sampler.sampling(task, policy.version, base, repeat, config.new_task_repeats)
                         if task in new_tasks

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.console import say
@@ -48,7 +48,7 @@ def run_explore(config: ExploreConfig, settings: Settings) -> dict:
     from edge_client.env import EnvConfig, GuiEnv
     from edge_client.episode import run_episode
     from edge_client.exploration import NewTaskSampler
-    from edge_client.runner import exploration, search_new_task
+    from edge_client.runner import RunSummary, exploration, explore_further
     from policy.runtime import load_policy
     from registry.store import resolve_model
 
@@ -65,25 +65,22 @@ def run_explore(config: ExploreConfig, settings: Settings) -> dict:
     started, run = time.monotonic(), 0
     with GuiEnv(fleet.new_tasks[0], EnvConfig(read_dom=False)) as env:
         for task in fleet.new_tasks:
-            entry = tasks[task] = {"seeds": config.seeds, "sampled_pass": 0, "sampled_successes": 0, "searched": 0,
-                                   "search_pass": 0, "env_steps_sampled": 0, "env_steps_search": 0}  # fmt: skip
+            entry = tasks[task] = {"seeds": config.seeds, "sampled_pass": 0, "sampled_successes": 0, "search_pass": 0,
+                                   "env_steps_sampled": 0}  # fmt: skip
+            searches = RunSummary(fleet.client_id)  # this task's searches, counted as the fleet counts them
             for seed in range(fleet.seed, fleet.seed + config.seeds):
-                group = []
-                for repeat in range(k):
+                group, found = [], []
+                for repeat in range(k):  # the fleet's own loop: the ladder, then the search after K failed runs
                     policy.sampling = sampler.sampling(task, version, base, repeat, k)
                     group.append(run_episode(env, policy, task, seed, fleet.max_steps,
                                              stall_steps=fleet.new_task_stall_steps))  # fmt: skip
-                    sampler.record(task, version, group[-1].success)
                     run += 1
+                    found = explore_further(env, policy, group, sampler, fleet, searches, run)
                 entry["env_steps_sampled"] += sum(r.steps for r in group)
                 entry["sampled_successes"] += sum(r.success for r in group)
-                if any(r.success for r in group):
-                    entry["sampled_pass"] += 1
-                    continue
-                found = search_new_task(env, policy, group[0], replace(fleet, client_id="explore"), run)
-                entry["searched"] += 1
-                entry["search_pass"] += bool(found.successes)
-                entry["env_steps_search"] += found.env_steps
+                entry["sampled_pass"] += any(r.success for r in group)
+                entry["search_pass"] += bool(found)
+            entry |= {"searched": searches.search["searches"], "env_steps_search": searches.search["env_steps"]}
             entry |= {"pass_at_k": entry["sampled_pass"] / config.seeds,
                       "sampled_pass_at_1": entry["sampled_successes"] / (config.seeds * k),
                       "pass_with_search": (entry["sampled_pass"] + entry["search_pass"]) / config.seeds}  # fmt: skip
