@@ -60,3 +60,18 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+# Two-sided 97.5 % quantiles of Student's t by degrees of freedom (the CI over a few training seeds).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def seeds_mean_ci(values: list[float]) -> dict:
+    """The mean of a figure over runs with different training seeds and its 95 % t interval (the run-to-run
+    spread; None with fewer than two runs): {"mean", "ci", "n"}."""
+    n = len(values)
+    mean = float(np.mean(values)) if values else float("nan")
+    if n < 2:
+        return {"mean": round(mean, 4), "ci": None, "n": n}
+    half = T_975.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / n**0.5
+    return {"mean": round(mean, 4), "ci": [round(mean - half, 4), round(mean + half, 4)], "n": n}

@@ -274,6 +274,19 @@ def explore_further(env: GuiEnv, policy: Policy, group: list, sampler: NewTaskSa
     return found.successes
 
 
+def explore_seed(env: GuiEnv, policy: Policy, sampler: NewTaskSampler, base: Sampling, config: EdgeConfig,
+                 summary: RunSummary, task: str, seed: int, run: int) -> tuple[list, list]:  # fmt: skip
+    """A new task's seed as the fleet explores it: `new_task_repeats` runs on the task's temperature ladder (`base`
+    over every token), then the search where all of them failed. `run`: the runs before these (the search's seed).
+    Returns (the runs, the successes the search found)."""
+    group, found = [], []
+    for repeat in range(config.new_task_repeats):
+        policy.sampling = sampler.sampling(task, policy.version, base, repeat, config.new_task_repeats)
+        group.append(run_episode(env, policy, task, seed, config.max_steps, stall_steps=config.new_task_stall_steps))
+        found = explore_further(env, policy, group, sampler, config, summary, run + repeat + 1)
+    return group, found
+
+
 def search_new_task(env: GuiEnv, policy: Policy, failed, config: EdgeConfig, run: int) -> SearchResult:
     """Search from a new task's failed run (all K runs of its seed failed): the policy's other likely actions at its
     failing steps, each branch finished by the policy itself, greedily. No teacher: nothing but the policy and the

@@ -321,10 +321,15 @@ def cmd_release(args: argparse.Namespace) -> int:
 def _experiment(p: argparse.ArgumentParser) -> None:
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.experiment import ExperimentConfig
+    from flywheel.experiments.harness import NOT_ARMS_FLAGS, ArmsConfig, parse_arms
 
     add_config_arguments(p, ExperimentConfig)
     p.set_defaults(func=cmd_experiment)
-    kinds = p.add_subparsers(dest="kind", metavar="{curriculum,explore,sop}", help="instead of the arms of --config:")
+    kinds = p.add_subparsers(dest="kind", metavar="{arms,curriculum,explore,sop}", help="instead of --config's arms:")
+    arms = kinds.add_parser("arms", help="new-task arms, a module each -> OUT/arms.json", formatter_class=HelpFormatter)
+    add_config_arguments(arms, ArmsConfig, parse={"fleet.new_tasks": runnable_tasks, "arms": parse_arms},
+                         exclude=NOT_ARMS_FLAGS)  # fmt: skip
+    arms.set_defaults(func=cmd_arms)
     curriculum = kinds.add_parser("curriculum", help="SFT / offline RL / online RL arms at the same budget "
                                   "-> OUT/curriculum.json + curriculum.png")  # fmt: skip
     add_config_arguments(curriculum, CurriculumConfig, parse=TASKS)
@@ -369,6 +374,19 @@ def cmd_curriculum(args: argparse.Namespace) -> int:
     run_curriculum(
         config_from(args, CurriculumConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
     )
+    return 0
+
+
+def cmd_arms(args: argparse.Namespace) -> int:
+    from flywheel.experiments.harness import ArmsConfig, check_arms_config, run_arms
+
+    config = config_from(args, ArmsConfig)
+    try:
+        check_arms_config(config)
+    except ValueError as error:
+        print(f"flywheel experiment arms: {error}", file=sys.stderr)
+        return 2
+    run_arms(config)
     return 0
 
 

@@ -46,9 +46,8 @@ NOT_EXPLORE_FLAGS = tuple(f"fleet.{name}" for name in (
 
 def run_explore(config: ExploreConfig, settings: Settings) -> dict:
     from edge_client.env import EnvConfig, GuiEnv
-    from edge_client.episode import run_episode
     from edge_client.exploration import NewTaskSampler
-    from edge_client.runner import RunSummary, exploration, explore_further
+    from edge_client.runner import RunSummary, exploration, explore_seed
     from policy.runtime import load_policy
     from registry.store import resolve_model
 
@@ -69,13 +68,8 @@ def run_explore(config: ExploreConfig, settings: Settings) -> dict:
                                    "env_steps_sampled": 0}  # fmt: skip
             searches = RunSummary(fleet.client_id)  # this task's searches, counted as the fleet counts them
             for seed in range(fleet.seed, fleet.seed + config.seeds):
-                group, found = [], []
-                for repeat in range(k):  # the fleet's own loop: the ladder, then the search after K failed runs
-                    policy.sampling = sampler.sampling(task, version, base, repeat, k)
-                    group.append(run_episode(env, policy, task, seed, fleet.max_steps,
-                                             stall_steps=fleet.new_task_stall_steps))  # fmt: skip
-                    run += 1
-                    found = explore_further(env, policy, group, sampler, fleet, searches, run)
+                group, found = explore_seed(env, policy, sampler, base, fleet, searches, task, seed, run)
+                run += len(group)
                 entry["env_steps_sampled"] += sum(r.steps for r in group)
                 entry["sampled_successes"] += sum(r.success for r in group)
                 entry["sampled_pass"] += any(r.success for r in group)

@@ -1,0 +1,28 @@
+"""filtered_bc: the shortest verified success of each seed the start's sampling reached, imitated.
+
+gathers: the start's K runs a seed on the temperature ladder (the exploration's sampled runs; no search)
+trains:  a retrain from the start on the demonstrations + those successes, `copies` times (ReST-EM's one round)
+costs:   the sampled runs' environment steps
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from learner.stages import repeated
+from learner.teacher_labels import filtered_successes
+
+NAME = "filtered_bc"
+SUMMARY = "filtered BC on what sampling alone verified"
+AFTER = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """None of its own: the learner's new_task_copies gives the copies of each kept success."""
+
+
+def train(ctx, settings: Settings):
+    explored = ctx.explored(search=False)  # (rows) the sampled runs, successes and failures
+    successes = filtered_successes(explored, ctx.tasks)
+    return ctx.retrain(NAME, repeated(successes, ctx.copies), env_steps=ctx.exploration_env_steps(search=False))
