@@ -225,10 +225,13 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.pipeline import BenchConfig
     from flywheel.bench.security import SecurityBenchConfig
     from flywheel.chaos.run import ChaosConfig
+    from flywheel.experiments.arms.offline_rl import OfflineRLSettings
+    from flywheel.experiments.arms.search_bc_rl import SearchBCRLSettings
     from flywheel.experiments.curriculum import CurriculumConfig
     from flywheel.experiments.eval_command import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.experiments.explore import ExploreConfig
+    from flywheel.experiments.harness import ArmsConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
@@ -240,7 +243,8 @@ def config_classes() -> dict[str, type]:
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
                CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
-               ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig)  # fmt: skip
+               ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig, ArmsConfig,
+               OfflineRLSettings, SearchBCRLSettings)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

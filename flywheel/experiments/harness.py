@@ -59,13 +59,10 @@ def arms_learner() -> DaemonConfig:
 
 @dataclass(frozen=True)
 class ArmSettings:
-    """Each arm's own settings (its module's Settings)."""
+    """The settings of each arm that has its own (its module's SETTINGS)."""
 
-    search_bc: search_bc.Settings = field(default_factory=search_bc.Settings)
-    filtered_bc: filtered_bc.Settings = field(default_factory=filtered_bc.Settings)
-    offline_rl: offline_rl.Settings = field(default_factory=offline_rl.Settings)
-    search_bc_rl: search_bc_rl.Settings = field(default_factory=search_bc_rl.Settings)
-    shuffled_labels: shuffled_labels.Settings = field(default_factory=shuffled_labels.Settings)
+    offline_rl: offline_rl.OfflineRLSettings = field(default_factory=offline_rl.OfflineRLSettings)
+    search_bc_rl: search_bc_rl.SearchBCRLSettings = field(default_factory=search_bc_rl.SearchBCRLSettings)
 
 
 @dataclass(frozen=True)
@@ -346,7 +343,7 @@ def run_arm(ctx: ArmContext, arm: str) -> Trained:
         shutil.rmtree(out, ignore_errors=True)  # an interrupted arm trains again from scratch
         out.mkdir(parents=True)
         say(f"seed {ctx.seed} arm {arm}: {ARMS[arm].SUMMARY}")
-        trained = ARMS[arm].train(ctx, getattr(ctx.config.settings, arm))
+        trained = ARMS[arm].train(ctx, getattr(ctx.config.settings, arm, None))
         path.write_text(json.dumps(asdict(trained), indent=2))
     ctx.results[arm] = trained
     ctx.shared.evaluate(trained.checkpoint, arm, out)
@@ -436,7 +433,7 @@ def write_report(config: ArmsConfig, shared: Shared) -> dict:
                     figures["suite_vs_twin"] = paired(suite_of(entry), suite_of(twin))
             if config.suite_episodes:
                 figures["suite_vs_start"] = paired(suite_of(entry), suite_of(start))
-            seeds[seed] = figures
+            seeds[str(seed)] = figures
         over = {key: seeds_mean_ci([s[key]["diff"] for s in seeds.values() if key in s])
                 for key in ("vs_twin", "vs_start", "vs_start_best_of_k", "suite_vs_twin")
                 if any(key in s for s in seeds.values())}  # fmt: skip

@@ -7,8 +7,6 @@ costs:   the sampled runs' environment steps
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from learner.stages import repeated
 from learner.teacher_labels import filtered_successes
 
@@ -16,13 +14,10 @@ NAME = "filtered_bc"
 SUMMARY = "filtered BC on what sampling alone verified"
 AFTER = ""
 
-
-@dataclass(frozen=True)
-class Settings:
-    """None of its own: the learner's new_task_copies gives the copies of each kept success."""
+SETTINGS = None  # none of its own: the learner's new_task_copies gives the copies of each kept success
 
 
-def train(ctx, settings: Settings):
+def train(ctx, settings: None):
     explored = ctx.explored(search=False)  # (rows) the sampled runs, successes and failures
     successes = filtered_successes(explored, ctx.tasks)
     return ctx.retrain(NAME, repeated(successes, ctx.copies), env_steps=ctx.exploration_env_steps(search=False))

@@ -24,7 +24,7 @@ AFTER = ""
 
 
 @dataclass(frozen=True)
-class Settings:
+class OfflineRLSettings:
     dpo_weight: float = 0.5
     """Weight of the DPO term against AWR (learner.offline_rl.OfflineRLConfig)."""
     dpo_pairs: int = 4
@@ -37,7 +37,10 @@ def informative_failures(explored: pl.DataFrame) -> pl.DataFrame:
     return explored.filter(~pl.col("success")).join(solved, on=["task", "seed"], how="semi")
 
 
-def train(ctx, settings: Settings):
+SETTINGS = OfflineRLSettings
+
+
+def train(ctx, settings: OfflineRLSettings):
     explored = ctx.explored(search=True)
     successes = filtered_successes(explored, ctx.tasks)
     kept = explored.filter(pl.col("episode_id").is_in(successes["episode_id"].unique().implode()))

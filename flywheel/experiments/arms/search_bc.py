@@ -9,8 +9,6 @@ costs:   the sampled runs' and the search's environment steps (its failed branch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from learner.stages import repeated
 from learner.teacher_labels import filtered_successes
 
@@ -18,12 +16,9 @@ NAME = "search_bc"
 SUMMARY = "filtered BC on what sampling and the search verified"
 AFTER = ""
 
-
-@dataclass(frozen=True)
-class Settings:
-    """None of its own: the learner's new_task_copies gives the copies of each kept success."""
+SETTINGS = None  # none of its own: the learner's new_task_copies gives the copies of each kept success
 
 
-def train(ctx, settings: Settings):
+def train(ctx, settings: None):
     successes = filtered_successes(ctx.explored(search=True), ctx.tasks)
     return ctx.retrain(NAME, repeated(successes, ctx.copies), env_steps=ctx.exploration_env_steps(search=True))

@@ -26,7 +26,7 @@ AFTER = "search_bc"
 
 
 @dataclass(frozen=True)
-class Settings:
+class SearchBCRLSettings:
     rl_rounds: int = 6
     """PPO updates, one a round."""
     rl_repeats: int = 8
@@ -39,7 +39,10 @@ class Settings:
     """The rollouts' sampling temperature, over every token."""
 
 
-def train(ctx, settings: Settings):
+SETTINGS = SearchBCRLSettings
+
+
+def train(ctx, settings: SearchBCRLSettings):
     bc = ctx.result_of(AFTER)
     anchor = with_extra(ctx.demos, repeated(filtered_successes(ctx.explored(search=True), ctx.tasks), 1))
     online = OnlineRLConfig(guidance="anchor")

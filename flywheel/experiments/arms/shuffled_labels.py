@@ -9,8 +9,6 @@ If it lands near the twin, what search_bc gains is the labels' doing, not more r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
@@ -21,10 +19,7 @@ NAME = "shuffled_labels"
 SUMMARY = "control: search_bc's episodes, success labels shuffled within each task"
 AFTER = ""
 
-
-@dataclass(frozen=True)
-class Settings:
-    """None of its own: the learner's new_task_copies, as search_bc."""
+SETTINGS = None  # none of its own: the learner's new_task_copies gives the copies of each kept success
 
 
 def shuffled_success(rows: pl.DataFrame, seed: int) -> pl.DataFrame:
@@ -38,7 +33,7 @@ def shuffled_success(rows: pl.DataFrame, seed: int) -> pl.DataFrame:
     return rows.drop("success").join(pl.concat(parts).drop("task"), on="episode_id", how="left")
 
 
-def train(ctx, settings: Settings):
+def train(ctx, settings: None):
     explored = shuffled_success(ctx.explored(search=True), ctx.seed)
     successes = filtered_successes(explored, ctx.tasks)
     return ctx.retrain(NAME, repeated(successes, ctx.copies), env_steps=ctx.exploration_env_steps(search=True))
