@@ -57,7 +57,7 @@ def _kafka(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from streams import local_broker
+    from streams.broker import local_broker
 
     settings = get_settings()
     if args.nodes is not None:

@@ -5,7 +5,7 @@
 #           checkout installed into it (editable, no dependencies). Drift (a package missing, extra or at another
 #           version than the lock) is reported and fixed with `uv pip sync`. Bytecode is compiled at install, since
 #           Python writes none at import where PYTHONDONTWRITEBYTECODE is set.
-#   Maven:  the Kafka jars are resolved by `flywheel kafka up` on first use (streams/broker_jars.py)
+#   Maven:  the Kafka jars are resolved by `flywheel kafka up` on first use (streams/broker/jars.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ops/venv.sh

@@ -12,7 +12,7 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from core.settings import Settings
-from streams.tls import local_cafile
+from streams.broker.tls import local_cafile
 
 MAX_REQUEST_BYTES = 2 * 1024 * 1024  # the topics allow 2 MiB messages (streams.topics)
 # A dead letter is the original bytes (anything the steps topic took, up to 2 MiB) plus its reason in headers: its

@@ -23,7 +23,7 @@ from core.processes import free_ports
 from core.settings import Settings, get_settings
 from flywheel.run.stack import LocalStack, local_stack
 from lake import s3proxy
-from streams.broker_jars import share_jars
+from streams.broker.jars import share_jars
 
 FIXTURE_MARKERS = {
     "kafka_stack": "kafka", "kafka_settings": "kafka", "stack": "kafka", "kafka_cluster": "kafka",

@@ -10,7 +10,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from core.settings import Settings
-from streams import local_broker, topic_admin
+from streams import topic_admin
+from streams.broker import local_broker
 from streams.topics import topics_for
 
 pytestmark = pytest.mark.kafka

@@ -21,8 +21,9 @@ from core.settings import Settings
 from flywheel.run.stack import LocalStack
 from lake.tables import STEPS
 from schemas import StepEvent, decode_event
-from streams import local_broker, topic_admin
-from streams.broker_config import server_properties
+from streams import topic_admin
+from streams.broker import local_broker
+from streams.broker.properties import server_properties
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 from tests.test_faults import Pipeline, Producer, episodes

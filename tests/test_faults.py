@@ -39,7 +39,7 @@ from processors.compare import compare_tables
 from processors.delta_sink import app_id
 from processors.replay import replay
 from schemas import encode_event
-from streams import local_broker
+from streams.broker import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer
 from streams.topics import topics_for
 from tests.conftest import free_port, link_shared_s3proxy

@@ -18,9 +18,9 @@ from kafka.errors import KafkaError
 from core.settings import Settings
 from flywheel.chaos.proxy import Proxy
 from flywheel.run.stack import local_stack
+from streams.broker.roles import ROLES, role_settings, role_user
+from streams.broker.tls import local_cafile, tls_dir
 from streams.kafka_clients import make_admin, make_consumer, make_producer
-from streams.roles import ROLES, role_settings, role_user
-from streams.tls import local_cafile, tls_dir
 from streams.topics import topics_for
 from tests.conftest import isolated_broker_settings
 

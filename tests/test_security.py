@@ -21,7 +21,7 @@ from flywheel.run.stack import local_stack
 from lake.queries import step_count
 from processors.faust_app import auth_options
 from schemas import encode_event
-from streams import local_broker
+from streams.broker import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer, security_options
 from streams.topics import topics_for
 from tests.conftest import isolated_broker_settings

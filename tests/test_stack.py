@@ -9,7 +9,7 @@ import pytest
 
 from core.settings import Settings, settings_env
 from flywheel.run.stack import local_stack
-from streams import local_broker
+from streams.broker import local_broker
 from streams.topics import topics_for
 
 

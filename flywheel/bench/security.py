@@ -17,7 +17,7 @@ from pathlib import Path
 from core.machine import machine
 from core.processes import free_ports
 from core.settings import Settings, settings_env
-from streams.broker_jars import share_jars
+from streams.broker.jars import share_jars
 
 MODES = ("PLAINTEXT", "SASL_SSL")
 

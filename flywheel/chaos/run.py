@@ -48,9 +48,9 @@ from lake.queries import scan_table, step_count
 from lake.tables import EPISODES, STEPS
 from registry.store import artifact_location, read_manifests
 from streams import topic_admin
-from streams.broker_jars import share_jars
+from streams.broker.jars import share_jars
+from streams.broker.roles import role_settings, uses_roles
 from streams.kafka_clients import make_producer
-from streams.roles import role_settings, uses_roles
 from streams.topics import topics_for
 
 PREFIX = "f-"  # the fleet's client ids start with it

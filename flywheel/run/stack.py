@@ -22,9 +22,9 @@ from core.processes import Child
 from core.settings import Settings, settings_env
 from lake import s3proxy
 from registry.signing import load_or_create_key, trust
-from streams import local_broker
-from streams.roles import role_settings, uses_roles
-from streams.tls import local_cafile
+from streams.broker import local_broker
+from streams.broker.roles import role_settings, uses_roles
+from streams.broker.tls import local_cafile
 
 
 @dataclass
@@ -64,7 +64,7 @@ class LocalStack:
               cpus: set[int] | None = None, role: str | None = None, machine: str | None = None) -> Child:  # fmt: skip
         """`flywheel <args>` with the run's settings (and `env` on top), on `cpus` (None: any), stopped when the
         stack closes; on a machine of its own when machines are simulated (`machine`: on that child's instead, to
-        read its files). `role` (streams.roles: edge, worker, learner): the child logs in to Kafka as that role,
+        read its files). `role` (streams.broker.roles: edge, worker, learner): the child logs in to Kafka as that role,
         allowed only what it needs; None: as the stack does."""
         home, machine_env = self.machine_home(machine or name), {}
         if role is not None and uses_roles(self.settings):

@@ -3,9 +3,9 @@ default), run from Maven Central jars: started, stopped, described. The same cod
 the settings differ. Nodes outlive the Python process that started them; `down` stops them again. `stop_node`,
 `start_node` and `streams.topic_admin.partitions` are the handles of the fault tests.
 
-The parts, one job each: `broker_jars` (the jars, the JVM), `broker_files` (the cluster's directory),
-`broker_config` (server.properties, SASL), `broker_storage` (formatting), `broker_processes` (a node as a
-process), `broker_readiness` (when a node serves). Topics are `streams.topic_admin`'s, which an external cluster
+The parts, one job each, are this package's other modules: `jars` (the jars, the JVM), `files` (the cluster's
+directory), `properties` (server.properties, SASL), `storage` (formatting), `nodes` (a node as a process),
+`readiness` (when a node serves), `tls` and `roles`. Topics are `streams.topic_admin`'s, which an external cluster
 uses alone.
 """
 
@@ -21,14 +21,14 @@ from pathlib import Path
 
 from core.processes import spawn_detached
 from core.settings import Settings
-from streams.broker_config import refuse_unsupported_security, write_server_properties
-from streams.broker_files import BrokerError, log_path, pid_path, read_log, tail
-from streams.broker_jars import ensure_jars, java_command
-from streams.broker_processes import running_pid, wait_gone
-from streams.broker_readiness import answers_api_versions, await_ready
-from streams.broker_storage import ensure_storage
+from streams.broker.files import BrokerError, log_path, pid_path, read_log, tail
+from streams.broker.jars import ensure_jars, java_command
+from streams.broker.nodes import running_pid, wait_gone
+from streams.broker.properties import refuse_unsupported_security, write_server_properties
+from streams.broker.readiness import answers_api_versions, await_ready
+from streams.broker.roles import grant_roles
+from streams.broker.storage import ensure_storage
 from streams.kafka_clients import ssl_context
-from streams.roles import grant_roles
 from streams.topic_admin import ensure_topics, list_topics
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from core.processes import file_lock
 from core.settings import Settings
-from streams.broker_files import BrokerError, tail
+from streams.broker.files import BrokerError, tail
 
 OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"
 POM = OPS_DIR / "pom.xml"

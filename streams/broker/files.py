@@ -1,6 +1,6 @@
 """Where the local cluster keeps its state, and the error every local-broker module raises.
 
-Under `settings.kafka_dir`: `libs-<version>/` (the jars, `streams.broker_jars`) and the cluster's directory,
+Under `settings.kafka_dir`: `libs-<version>/` (the jars, `streams.broker.jars`) and the cluster's directory,
 `kafka_dir` itself for one node (so a single broker keeps the layout it always had) and `kafka_dir/cluster-<N>/`
 for N, holding `cluster.id`, `scram-users` and each node's `server.properties`, `data/`, `broker.log` (the JVM's
 stdout/stderr) and `broker.pid` (node k of N in `node-<k>/`).

@@ -31,7 +31,7 @@ from kafka.admin._users import UserScramCredentialUpsertion
 from pydantic import SecretStr
 
 from core.settings import Settings
-from streams.broker_config import SCRAM_MECHANISMS, has_roles
+from streams.broker.properties import SCRAM_MECHANISMS, has_roles
 from streams.kafka_clients import make_admin
 from streams.topics import topics_for
 

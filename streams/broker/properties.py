@@ -6,8 +6,8 @@ acknowledged once it is on two nodes, so any one node may die without losing it 
 
 Security: the client listener binds `settings.listen_host` (127.0.0.1 by default), the controller listener always
 127.0.0.1. With `security_protocol=SASL_PLAINTEXT` or `SASL_SSL` the client listener requires SASL (SCRAM-SHA-256/512,
-or PLAIN), over TLS for SASL_SSL (streams.tls), the controller listener PLAIN, and an authorizer allows only what the
-roles' ACLs say (streams.roles); the broker's own login (its super user) sits in the file, which is then mode 0600.
+or PLAIN), over TLS for SASL_SSL (tls), the controller listener PLAIN, and an authorizer allows only what the
+roles' ACLs say (roles); the broker's own login (its super user) sits in the file, which is then mode 0600.
 The password may hold any character, so values are escaped twice: for JAAS inside the value, for java.util.Properties
 around it.
 """
@@ -19,8 +19,8 @@ import socket
 from pathlib import Path
 
 from core.settings import Settings
-from streams.broker_files import BrokerError, node_dir, props_path
-from streams.tls import ensure_tls
+from streams.broker.files import BrokerError, node_dir, props_path
+from streams.broker.tls import ensure_tls
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -90,7 +90,7 @@ def write_server_properties(settings: Settings, node: int) -> Path:
     path = props_path(settings, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"{key}={_properties_escape(str(value))}" for key, value in server_properties(settings, node).items()]
-    text = "# Written by streams/broker_config.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n"
+    text = "# Written by streams/broker/properties.py on each start; edits are overwritten.\n" + "\n".join(lines) + "\n"
     # 0600: with SASL the file holds the broker's login. fchmod too, for a file left by an older version.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as handle:  # _properties_escape leaves ASCII only
@@ -126,7 +126,7 @@ def _sasl_properties(settings: Settings, listeners: list[str]) -> dict[str, str]
         mechanisms = {"PLAIN": f"org.apache.kafka.common.security.plain.PlainLoginModule required {login} "
                                f'user_{user}="{_jaas_quote(password)}";'}  # fmt: skip
     else:
-        # SCRAM checks against the credentials in the metadata log (written by streams.broker_storage).
+        # SCRAM checks against the credentials in the metadata log (written by streams.broker.storage).
         login_module = f"org.apache.kafka.common.security.scram.ScramLoginModule required {login};"
         mechanisms = dict.fromkeys(SCRAM_MECHANISMS, login_module)
     # The quorum's listener logs in too, with PLAIN (KRaft controllers cannot check SCRAM: its credentials live in
@@ -149,12 +149,12 @@ def _sasl_properties(settings: Settings, listeners: list[str]) -> dict[str, str]
 
 
 def has_roles(settings: Settings) -> bool:
-    """Roles (streams.roles) are SCRAM users; with PLAIN the broker's JAAS file knows one user, and no authorizer."""
+    """Roles (roles) are SCRAM users; with PLAIN the broker's JAAS file knows one user, and no authorizer."""
     return settings.uses_sasl and settings.sasl_mechanism in SCRAM_MECHANISMS
 
 
 def _tls_properties(settings: Settings, listeners: list[str]) -> dict[str, str]:
-    """TLS on the client listeners: the node's PEM keystore (streams.tls), and the CA it trusts as a client of the
+    """TLS on the client listeners: the node's PEM keystore (tls), and the CA it trusts as a client of the
     other nodes (inter-broker traffic goes over the first listener, hostname checked)."""
     files = ensure_tls(settings)
     properties = {}
@@ -172,7 +172,7 @@ def _tls_properties(settings: Settings, listeners: list[str]) -> dict[str, str]:
 
 
 def _authorizer_properties(settings: Settings) -> dict[str, str]:
-    """Nothing is allowed unless an ACL allows it (streams.roles writes them), except to the broker's own user,
+    """Nothing is allowed unless an ACL allows it (streams.broker.roles writes them), except to the broker's own user,
     which the nodes, the quorum and the operator's tools log in as."""
     return {
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",

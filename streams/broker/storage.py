@@ -14,9 +14,9 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from core.settings import Settings
-from streams.broker_config import SCRAM_MECHANISMS, checked_username
-from streams.broker_files import BrokerError, cluster_dir, node_dir, scram_users_path, tail
-from streams.broker_jars import java_command
+from streams.broker.files import BrokerError, cluster_dir, node_dir, scram_users_path, tail
+from streams.broker.jars import java_command
+from streams.broker.properties import SCRAM_MECHANISMS, checked_username
 
 SCRAM_ITERATIONS = 8192
 

@@ -7,7 +7,7 @@ import time
 
 from core.processes import runs_service, service_pid
 from core.settings import Settings
-from streams.broker_files import pid_path, props_path
+from streams.broker.files import pid_path, props_path
 
 
 def running_pid(settings: Settings, node: int) -> int | None:

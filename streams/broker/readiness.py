@@ -10,7 +10,7 @@ import struct
 import time
 
 from core.settings import Settings
-from streams.broker_processes import is_broker
+from streams.broker.nodes import is_broker
 from streams.kafka_clients import ssl_context
 
 
