@@ -14,7 +14,7 @@ seed share their first screens) gets that label again without a call. The label 
 policy chose on, before its action runs: the episode loop reads the DOM
 for the teacher only when a label is due (GuiEnv.read_dom), so a model's steps stay pixels-only otherwise.
 The learner aggregates every (own state, teacher action) row, DAgger's data
-(learner.training_tables.load_teacher_labels).
+(learner.data.tables.load_teacher_labels).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def cmd_spool_replay(args: argparse.Namespace) -> int:
 
 
 def _sft(p: argparse.ArgumentParser) -> None:
-    from learner.config import LearnConfig, VLATrainConfig
+    from learner.recipe import LearnConfig, VLATrainConfig
 
     p.add_argument("--recipe", default="demo", help="VLA recipe: 'demo', 'release' (configs/vla_<name>.json) or a path")
     p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
@@ -182,8 +182,8 @@ def _sft(p: argparse.ArgumentParser) -> None:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
-    from learner.config import LearnConfig, VLARecipe, VLATrainConfig
-    from learner.sft_publish import learn_once
+    from learner.daemon.sft_once import learn_once
+    from learner.recipe import LearnConfig, VLARecipe, VLATrainConfig
 
     settings = get_settings()
     if args.metrics_port >= 0:
@@ -206,7 +206,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _learner(p: argparse.ArgumentParser) -> None:
-    from learner.daemon_config import DaemonConfig
+    from learner.daemon.daemon_config import DaemonConfig
 
     p.add_argument("--metrics-port", type=int, default=0, help="0: any free port, -1: do not serve")
     add_config_arguments(p, DaemonConfig)
@@ -215,8 +215,8 @@ def _learner(p: argparse.ArgumentParser) -> None:
 
 def cmd_learner(args: argparse.Namespace) -> int:
     from core.metrics import serve_metrics
-    from learner.daemon import run_daemon
-    from learner.daemon_config import DaemonConfig
+    from learner.daemon.daemon_config import DaemonConfig
+    from learner.daemon.loop import run_daemon
 
     settings = get_settings()
     if args.metrics_port >= 0:
@@ -227,7 +227,7 @@ def cmd_learner(args: argparse.Namespace) -> int:
 
 
 def _twin(p: argparse.ArgumentParser) -> None:
-    from learner.daemon_config import DaemonConfig
+    from learner.daemon.daemon_config import DaemonConfig
 
     p.add_argument("version", help="a published version retrained from SFT (dagger, self_imitation, or anchored RL "
                    "after one)")  # fmt: skip
@@ -239,8 +239,8 @@ def _twin(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_twin(args: argparse.Namespace) -> int:
-    from learner.daemon_config import DaemonConfig
-    from learner.twin import train_twin
+    from learner.daemon.daemon_config import DaemonConfig
+    from learner.daemon.twin import train_twin
 
     summary = train_twin(get_settings(), config_from(args, DaemonConfig), args.version)
     print(json.dumps(summary), flush=True)

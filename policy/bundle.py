@@ -1,7 +1,7 @@
 """The `.vla` bundle: the one file a model version is, written by the learner and read by the edge.
 
 A zip of
-    encoder.onnx, prefill.onnx, decode.onnx   the graphs (learner.vla_export builds them)
+    encoder.onnx, prefill.onnx, decode.onnx   the graphs (learner.model.export builds them)
     weights.bin                               their shared external data, each distinct tensor once
     wte.npy                                   (V, d) token embeddings, looked up by the runtime per decode step
     tokenizer.json                            the locally trained tokenizer (policy.tokens)

@@ -12,7 +12,7 @@ order (each carries its own 2-D position embedding, so dropping tokens does not 
 
 FLAT is large but finite: flat patches fill the budget only when the screen has too little else, so
 `keep` is the same for every screen (fixed shapes in training and at the edge). This module is
-numpy-only: training (learner.vla) and the edge runtime compute the same prior from the same pixels.
+numpy-only: training (learner.model.vla) and the edge runtime compute the same prior from the same pixels.
 """
 
 from __future__ import annotations

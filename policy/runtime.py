@@ -177,7 +177,7 @@ def cache_names(n_layers: int) -> list[str]:
 
 def map_scored(logits: np.ndarray, click_map: np.ndarray, read_token: int, tok: ActionTokenizer) -> np.ndarray:
     """(V,) decoder logits with the coordinate tokens scored by the click map (Y, X) of log-probabilities, as
-    learner.vla.VLA.map_scores: x by the map's column marginal, y by the column of the x token just read (the row
+    learner.model.vla.VLA.map_scores: x by the map's column marginal, y by the column of the x token just read (the row
     marginal elsewhere; the grammar allows y only there)."""
     out = logits.astype(np.float32, copy=True)
     x_marginal = logsumexp(click_map, axis=0)  # (X,) log P(x)

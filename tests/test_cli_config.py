@@ -235,8 +235,8 @@ def config_classes() -> dict[str, type]:
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
-    from learner.config import LearnConfig, VLATrainConfig
-    from learner.daemon_config import DaemonConfig
+    from learner.daemon.daemon_config import DaemonConfig
+    from learner.recipe import LearnConfig, VLATrainConfig
     from processors.maintenance import MaintenanceConfig
     from processors.worker_config import WorkerConfig
 
@@ -284,7 +284,7 @@ def test_flags_in_use_are_kept(commands):
 
 def test_command_lines_parse_into_their_configs(commands, config_classes):
     from flywheel.cli import build_parser
-    from learner.config import VLARecipe
+    from learner.recipe import VLARecipe
 
     parser, c = build_parser(), config_classes
     args = parser.parse_args(["edge", "--client-id", "c0", "--tasks", "tier1,enter-text", "--episodes", "3",

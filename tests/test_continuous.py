@@ -20,7 +20,7 @@ from edge_client.exploration import NewTaskSampler, temperature_for
 from edge_client.runner import EdgeConfig, RunSummary, episode_schedule, explore_further, samples
 from flywheel.run.continuous import idle_seconds, success_rise
 from lake.tables import EPISODES, STEPS, scan, table_uri
-from learner.training_tables import load_samples
+from learner.data.tables import load_samples
 from policy.sampling import Sampling
 from tests.conftest import isolated_broker_settings
 

@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from lake.tables import PARTITION_BY, STEPS, TRAINING_SAMPLES, SchemaMismatch, open_table, table_uri
-from learner.training_tables import load_rollouts, load_samples, table_versions
+from learner.data.tables import load_rollouts, load_samples, table_versions
 from processors.delta_sink import DeltaSink, Record
 from processors.table_rows import step_row
 from schemas import Action

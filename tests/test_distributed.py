@@ -33,11 +33,11 @@ def box_frame(n: int) -> pl.DataFrame:
 SCRIPT = """
 import hashlib, json, os, sys
 import numpy as np, polars as pl, torch
-from learner.config import VLARecipe, VLATrainConfig
-from learner.offline_rl import OfflineRLConfig, train_offline_rl
-from learner.online_rl import OnlineRLConfig, ppo_update
-from learner.semi_online import SemiOnlineConfig, semi_online_update
-from learner.sft import train_vla
+from learner.recipe import VLARecipe, VLATrainConfig
+from learner.algorithms.offline_rl import OfflineRLConfig, train_offline_rl
+from learner.algorithms.online_rl import OnlineRLConfig, ppo_update
+from learner.algorithms.semi_online import SemiOnlineConfig, semi_online_update
+from learner.algorithms.sft import train_vla
 work, sft, out = sys.argv[1], sys.argv[2], sys.argv[3]
 rank = os.environ.get("RANK", "0")
 
@@ -73,8 +73,8 @@ if rank == "0":
 def test_sft_and_the_rl_stages_on_two_processes_match_one_on_the_same_global_batches(tmp_path):
     """SFT (DDP), offline RL, PPO (anchored) and semi-online RL: each process trains on its rows of the same global
     batches and the gradients are averaged, so 2 processes end where 1 does (up to how the halves' means combine)."""
-    from learner.config import VLARecipe, VLATrainConfig
-    from learner.sft import train_vla
+    from learner.algorithms.sft import train_vla
+    from learner.recipe import VLARecipe, VLATrainConfig
     from policy.pruning import PruningConfig
     from tests.test_offline_rl import box_screen as centre_screen
     from tests.test_offline_rl import row as logged_row
@@ -87,7 +87,7 @@ def test_sft_and_the_rl_stages_on_two_processes_match_one_on_the_same_global_bat
     recipe = VLARecipe(model=model, pruning=PruningConfig(keep_ratio=1.0), vocab_size=300, train=train)
     sft = train_vla(pl.DataFrame([sft_row(s) for s in range(16)]), recipe, tmp_path / "sft")
     expert_frame(range(16)).write_parquet(tmp_path / "demos.parquet")
-    from learner.vla_export import export_bundle
+    from learner.model.export import export_bundle
 
     bundle = export_bundle(sft.model, sft.tokenizer, sft.pruning, tmp_path / "sft.vla")
     rollouts(bundle, range(100, 108), np.random.default_rng(0)).write_parquet(tmp_path / "rollouts.parquet")

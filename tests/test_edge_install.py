@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from kafka import TopicPartition
 
-from learner.publish import publish_artifact
+from learner.daemon.publish import publish_artifact
 from registry.signing import load_or_create_key, sign
 from registry.store import store_artifact
 from schemas import ModelVersionEvent, StepEvent, decode_event, encode_event, new_event_id

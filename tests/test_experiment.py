@@ -64,8 +64,8 @@ def test_a_finished_runs_snapshots_are_evaluated_in_step_order_once(tmp_path, mo
     import numpy as np
 
     import flywheel.experiments.experiment as experiment
-    from learner.config import VLARecipe, VLATrainConfig
-    from learner.sft import train_vla
+    from learner.algorithms.sft import train_vla
+    from learner.recipe import VLARecipe, VLATrainConfig
     from policy.screen import encode_png
 
     image = encode_png(np.full((210, 160, 3), 255, dtype=np.uint8))

@@ -90,9 +90,9 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     # The check itself can fail: a policy module importing the learner is reported.
     fake_root = tmp_path
     (fake_root / "policy").mkdir()
-    (fake_root / "policy" / "bad.py").write_text("def f():\n    from learner.vla import VLA\n")
+    (fake_root / "policy" / "bad.py").write_text("def f():\n    from learner.model.vla import VLA\n")
     monkeypatch.setitem(globals(), "ROOT", fake_root)
-    assert violations("policy") == ["policy/bad.py:2 imports learner.vla (floor 4)"]
+    assert violations("policy") == ["policy/bad.py:2 imports learner.model.vla (floor 4)"]
 
 
 # Inside a package: no module imports another that (directly or not) imports it back. Inside flywheel/ the

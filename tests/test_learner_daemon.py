@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner.daemon import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
-from learner.stages import retrain_steps
-from learner.training_run import TrainingRun
-from learner.training_tables import table_versions
-from learner.twin import train_twin, twin_plan
+from learner.algorithms.stages import retrain_steps
+from learner.algorithms.training_run import TrainingRun
+from learner.daemon.loop import DaemonConfig, DaemonState, TableCounts, is_due, next_stage, run_daemon
+from learner.daemon.twin import train_twin, twin_plan
+from learner.data.tables import table_versions
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
 from registry.store import fetch_verified, read_manifest, resolve_model
@@ -140,7 +140,7 @@ def test_a_first_version_started_from_a_trained_model_fine_tunes_it_like_a_retra
 
     import torch
 
-    from learner.checkpoints import load_vla, save_weights
+    from learner.model.checkpoints import load_vla, save_weights
 
     settings, recipe, _ = demonstrated(stack, tmp_path)
     first = run_daemon(settings, DaemonConfig(recipe=recipe, poll_s=0.2, min_demos=12, max_versions=1))

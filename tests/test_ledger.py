@@ -143,7 +143,7 @@ def test_a_version_id_published_twice_fails_the_ledger(tmp_path):
 def test_version_ids_are_claimed_so_a_kill_between_sending_and_recording_never_reuses_one(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from learner.publish import claim_version
+    from learner.daemon.publish import claim_version
 
     artifacts = tmp_path / "artifacts"
     first = claim_version(artifacts, "sft")  # then the learner dies before writing sft-0001's manifest

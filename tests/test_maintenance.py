@@ -24,7 +24,7 @@ from core.settings import Settings
 from flywheel.bench.maintenance import rows_at
 from lake.pins import live_pins, pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
-from learner.training_tables import load_samples, table_versions
+from learner.data.tables import load_samples, table_versions
 from processors.delta_sink import DeltaSink, Record, app_id
 from processors.maintenance import (
     MB,

@@ -7,12 +7,12 @@ import polars as pl
 import pytest
 import torch
 
-from learner.checkpoints import load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset
-from learner.offline_rl import OfflineRLConfig, preference_pairs, step_advantages, train_offline_rl
-from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.sft import train_vla
+from learner.algorithms.offline_rl import OfflineRLConfig, preference_pairs, step_advantages, train_offline_rl
+from learner.algorithms.policy_logprobs import grammar_masks, token_logprobs
+from learner.algorithms.sft import train_vla
+from learner.data.dataset import VLADataset
+from learner.model.checkpoints import load_vla
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.screen import encode_png
 from schemas import Action
@@ -113,8 +113,8 @@ def test_offline_rl_resumes_to_the_same_weights(logged, tmp_path):
 def test_the_dpo_term_does_not_swamp_awr(logged):
     """Three-step trajectories (the stage scores up to dpo_max_steps of each): the weighted DPO term's gradient
     is of AWR's order, not ~50x it (126 vs 2.4) as when each trajectory's log-ratio was its sum over its tokens."""
-    from learner.offline_rl import trajectory_logprobs
-    from learner.rl_losses import awr_loss, dpo_loss
+    from learner.algorithms.offline_rl import trajectory_logprobs
+    from learner.algorithms.rl_losses import awr_loss, dpo_loss
 
     _, sft_path, frame = logged
     three = pl.concat([frame.with_columns(step=pl.lit(k, dtype=frame["step"].dtype)) for k in range(3)])
@@ -147,7 +147,7 @@ def test_the_dpo_term_does_not_swamp_awr(logged):
 def test_offline_rl_keeps_teaching_the_pruning_relevance(logged, tmp_path):
     """The successes' clicks teach the relevance head in the offline stage too (SFT's relevance term): its
     NLL of their target patches ends below the SFT model's and below the same run's without the term."""
-    from learner.vla import target_patch_nll
+    from learner.model.vla import target_patch_nll
 
     _, sft_path, frame = logged
     successes = frame.filter(pl.col("success"))

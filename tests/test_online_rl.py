@@ -9,14 +9,14 @@ import polars as pl
 import pytest
 import torch
 
-from learner.checkpoints import load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset
-from learner.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
-from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.rl_losses import kl_to_reference
-from learner.sft import train_vla
-from learner.vla_export import export_bundle
+from learner.algorithms.online_rl import OnlineRLConfig, ppo_update, step_credit_advantages, task_weights
+from learner.algorithms.policy_logprobs import grammar_masks, token_logprobs
+from learner.algorithms.rl_losses import kl_to_reference
+from learner.algorithms.sft import train_vla
+from learner.data.dataset import VLADataset
+from learner.model.checkpoints import load_vla
+from learner.model.export import export_bundle
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
@@ -116,7 +116,7 @@ def test_refkl_keeps_the_policy_closer_to_sft_than_plain_ppo(sft):
 def test_the_first_step_of_an_update_has_ratio_1_against_the_learners_own_policy(sft, tmp_path, monkeypatch):
     """Rollouts drawn at temperature 0.7 among the top 5: mu is not pi, yet the update's first minibatch
     clips against pi_old = pi_theta, so its ratio is 1 at every token (decoupled PPO)."""
-    import learner.online_rl as online_rl
+    import learner.algorithms.online_rl as online_rl
 
     _, sft_path = sft
     rows = sampled_rows(sft_path, tmp_path)
@@ -173,7 +173,7 @@ def test_beta_follows_environment_steps_not_optimizer_steps(sft, tmp_path):
 def test_an_rl_update_keeps_teaching_the_pruning_relevance(sft, tmp_path):
     """The relevance head learns on the clicks of successful rollouts during PPO, as in SFT: its NLL of the
     trained successes' target patches ends below the SFT model's and the same update's without the term."""
-    from learner.vla import target_patch_nll
+    from learner.model.vla import target_patch_nll
 
     _, sft_path = sft
     frame = sampled_rows(sft_path, tmp_path).with_columns(success=pl.col("action_type") == "click")
@@ -205,7 +205,7 @@ def test_the_online_update_gives_per_step_credit(sft, tmp_path, monkeypatch):
     """Two-step episodes of one seed: every rollout clicks the same first screen (one next screen), half then
     succeed. The update's advantages: 0 on every first step, + / - on the last steps (episode-level GRPO
     gave the failures' first steps -1)."""
-    import learner.online_rl as online_rl
+    import learner.algorithms.online_rl as online_rl
 
     _, sft_path = sft
     one = sampled_rows(sft_path, tmp_path, seeds=range(1))  # GROUP rows of seed 0, one step each

@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 import torch
 
-from learner.dataset import VLADataset
-from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
-from learner.vla import VLA, VLAConfig
-from learner.vla_export import export_bundle
+from learner.algorithms.policy_logprobs import action_positions, grammar_masks, token_logprobs
+from learner.data.dataset import VLADataset
+from learner.model.export import export_bundle
+from learner.model.vla import VLA, VLAConfig
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling
@@ -81,7 +81,7 @@ def test_recorded_tokens_refuse_augmented_views(untrained):
     model, tok, pruning, _ = untrained
     row = dict(episode_id="e", step=0, task="t", instruction="Click", screenshot=encode_png(screen(0)), thought="",
                action_type="click", x=1.0, y=1.0, text="", key="", tokens=[tok.act_id, tok.eos_id])  # fmt: skip
-    from learner.config import Augmentation
+    from learner.recipe import Augmentation
 
     data = VLADataset(pl.DataFrame([row]), tok, model.cfg, pruning)
     with pytest.raises(ValueError, match="cannot be augmented"):

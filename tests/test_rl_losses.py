@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.rl_losses import (
+from learner.algorithms.rl_losses import (
     awr_loss,
     awr_weights,
     baseline_advantages,
@@ -180,14 +180,14 @@ def test_entropy_over_the_grammars_support():
 
 
 def test_semi_online_step_reward_weighs_format_and_action():
-    from learner.rl_losses import semi_online_step_reward
+    from learner.algorithms.rl_losses import semi_online_step_reward
 
     rewards = semi_online_step_reward(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([1.0, 0.5, 0.1, 0.0]))
     assert torch.allclose(rewards, torch.tensor([1.0, 0.55, 0.19, 0.0]))
 
 
 def test_semi_online_returns_discount_and_cut_at_a_mismatch():
-    from learner.rl_losses import semi_online_returns
+    from learner.algorithms.rl_losses import semi_online_returns
 
     # r = 1, 1, 0.55 (mismatch), 1, 1; gamma 0.5.
     # t4: 1; t3: 1 + 0.5 = 1.5; t2 mismatched: its own 0.55, running restarts; t1: 1 + 0.5 * 0 = 1; t0: 1.5.
@@ -199,7 +199,7 @@ def test_semi_online_returns_discount_and_cut_at_a_mismatch():
 
 
 def test_semi_online_advantages_add_the_step_and_episode_terms():
-    from learner.rl_losses import semi_online_advantages
+    from learner.algorithms.rl_losses import semi_online_advantages
 
     # Two rollouts of one task, one step each: G = 1 and 0 in the (task, step 0) group -> +1, -1 (population
     # std 0.5); episode totals 2 and 1 in the task group -> +1, -1. Sum: +2, -2.
@@ -211,7 +211,7 @@ def test_semi_online_advantages_add_the_step_and_episode_terms():
 
 
 def test_groups_whose_first_returns_barely_differ_are_dropped():
-    from learner.rl_losses import informative_groups
+    from learner.algorithms.rl_losses import informative_groups
 
     # group 0: 1.0, 0.0 -> std 0.5; group 1: 1.0, 0.6 -> std 0.2; group 2: one rollout, std 0
     first = torch.tensor([1.0, 0.0, 1.0, 0.6, 0.9])
@@ -220,8 +220,8 @@ def test_groups_whose_first_returns_barely_differ_are_dropped():
 
 
 def test_a_one_step_tasks_semi_online_group_survives_the_filter_when_its_rollouts_differ():
-    from learner.rl_losses import informative_groups, semi_online_returns, semi_online_step_reward
-    from learner.semi_online import SemiOnlineConfig
+    from learner.algorithms.rl_losses import informative_groups, semi_online_returns, semi_online_step_reward
+    from learner.algorithms.semi_online import SemiOnlineConfig
 
     # 8 rollouts of a one-step trajectory: 7 click inside the expert's box (score 1), one elsewhere (0.5)
     scores = torch.tensor([1.0] * 7 + [0.5])

@@ -17,7 +17,7 @@ from flywheel.chaos.run import ChaosConfig
 from flywheel.cli import build_parser
 from flywheel.run.config import DemoConfig, fleet_client, learner_args, learner_config, twin_args, worker_args
 from flywheel.run.fleet import FleetRun, client_config, edge_args
-from learner.daemon_config import DaemonConfig
+from learner.daemon.daemon_config import DaemonConfig
 from processors.worker_config import WorkerConfig
 from registry.store import RELEASE_DIR
 

@@ -7,18 +7,18 @@ import numpy as np
 import polars as pl
 import pytest
 
-from learner.action_match import action_matches, action_score
-from learner.checkpoints import load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.semi_online import (
+from learner.algorithms.semi_online import (
     SemiOnlineConfig,
     rollout_advantages,
     semi_online_rollouts,
     semi_online_update,
     sop,
 )
-from learner.sft import train_vla
-from learner.vla_export import export_bundle
+from learner.algorithms.sft import train_vla
+from learner.data.action_match import action_matches, action_score
+from learner.model.checkpoints import load_vla
+from learner.model.export import export_bundle
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.screen import encode_png
@@ -133,7 +133,7 @@ def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
 
 def test_expert_trajectories_come_from_the_delta_tables_with_their_boxes(tmp_path):
     from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
-    from learner.training_tables import load_trajectories
+    from learner.data.tables import load_trajectories
     from processors.curation import Curated
     from processors.delta_sink import DeltaSink, Record
     from processors.table_rows import episode_row, sample_rows, step_row
@@ -218,8 +218,8 @@ def test_semi_online_rows_keep_the_prompt_they_were_sampled_from_with_patched_hi
 
 
 def test_a_viewed_trajectory_moves_the_experts_click_and_box_with_the_pixels():
-    from learner.augment import View
-    from learner.semi_online import seen_through
+    from learner.algorithms.semi_online import seen_through
+    from learner.data.augment import View
     from policy.screen import decode_png
 
     step = expert_frame([5]).row(0, named=True)
@@ -236,7 +236,7 @@ def test_a_viewed_trajectory_moves_the_experts_click_and_box_with_the_pixels():
 def test_a_semi_online_round_refills_until_enough_groups_are_informative(tmp_path, monkeypatch):
     """Trajectories whose rollouts all scored alike give no group; the round rolls out the next ones until
     `trajectories` groups are informative (the round before issue 23 trained on what survived, here none)."""
-    import learner.semi_online as semi_online
+    import learner.algorithms.semi_online as semi_online
 
     train = VLATrainConfig(steps=4, batch_size=8, lr=3e-3, warmup_steps=1, seed=0, keep_ratios=(1.0,),
                            progress_bar=False, checkpoint_every=0)  # fmt: skip

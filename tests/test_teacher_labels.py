@@ -1,4 +1,4 @@
-"""Supervision from the fleet's own states (learner.teacher_labels, the "dagger" and "self_imitation" stages): the
+"""Supervision from the fleet's own states (learner.data.teacher_labels, the "dagger" and "self_imitation" stages): the
 rows DAgger aggregates, the histories their prompts hold, the successes self-imitation keeps, the teacher's
 agreement as a step reward, and that labels on the policy's own states teach it more than none."""
 
@@ -9,22 +9,22 @@ import polars as pl
 import pytest
 import torch
 
-from learner.checkpoints import load_vla
-from learner.config import VLATrainConfig
-from learner.dataset import VLADataset
-from learner.online_rl import step_credit_advantages
-from learner.semi_online import sop
-from learner.sft import train_vla
-from learner.stages import StageData, StageRun, repeated, run_stage, with_extra, with_replay
-from learner.teacher_labels import (
+from learner.algorithms.online_rl import step_credit_advantages
+from learner.algorithms.semi_online import sop
+from learner.algorithms.sft import train_vla
+from learner.algorithms.stages import StageData, StageRun, repeated, run_stage, with_extra, with_replay
+from learner.data.dataset import VLADataset
+from learner.data.tables import SFT_COLUMNS
+from learner.data.teacher_labels import (
     filtered_successes,
     label_count,
     teacher_agreement,
     teacher_rows,
     verified_successes,
 )
-from learner.training_tables import SFT_COLUMNS
-from learner.vla_export import export_bundle
+from learner.model.checkpoints import load_vla
+from learner.model.export import export_bundle
+from learner.recipe import VLATrainConfig
 from policy.interface import Observation
 from policy.runtime import VLAPolicy, VLARuntime
 from policy.screen import encode_png

@@ -15,15 +15,15 @@ import torch
 
 from edge_client.env import GuiEnv
 from edge_client.experts import expert_for
-from learner.augment import random_view
-from learner.checkpoints import load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import TaskLossWeights, VLADataset, click_positives, tokenizer_corpus
-from learner.lora import apply_lora, merge_lora
-from learner.sft import is_map_only_step, train_vla
-from learner.vla import VLA, VLAConfig, target_patch_index, vla_loss
-from learner.vla_export import check_decoder_parity, export_bundle, quantize_bundle
-from learner.vla_infer import torch_step
+from learner.algorithms.sft import is_map_only_step, train_vla
+from learner.data.augment import random_view
+from learner.data.dataset import TaskLossWeights, VLADataset, click_positives, tokenizer_corpus
+from learner.model.checkpoints import load_vla
+from learner.model.export import check_decoder_parity, export_bundle, quantize_bundle
+from learner.model.infer import torch_step
+from learner.model.lora import apply_lora, merge_lora
+from learner.model.vla import VLA, VLAConfig, target_patch_index, vla_loss
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import (
     ANCHOR,
     FLAT,
@@ -48,7 +48,7 @@ RECIPE = VLARecipe(model=TINY, vocab_size=400, train=TRAIN)
 
 
 def expert_rows(tasks: tuple[str, ...], episodes: int, seed: int) -> list[dict]:
-    """One row per expert step, in the columns learner.training_tables.load_samples returns."""
+    """One row per expert step, in the columns learner.data.tables.load_samples returns."""
     rows = []
     with GuiEnv(tasks[0]) as env:
         for task in tasks:
@@ -405,8 +405,8 @@ def test_a_view_moves_the_click_target_with_the_pixels():
 
 
 def test_augmented_batches_label_the_pixels_the_expert_clicked(frame, monkeypatch):
-    import learner.dataset as dataset
-    from learner.augment import IDENTITY, View
+    import learner.data.dataset as dataset
+    from learner.data.augment import IDENTITY, View
 
     tok = train_tokenizer(tokenizer_corpus(frame), vocab_size=400)
     cfg = VLAConfig(vocab_size=tok.vocab_size, **TINY)

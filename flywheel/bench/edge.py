@@ -73,8 +73,8 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
     if variant.startswith("torch_eager"):
         import torch
 
-        from learner.checkpoints import load_vla
-        from learner.vla_infer import torch_step
+        from learner.model.checkpoints import load_vla
+        from learner.model.infer import torch_step
 
         torch.set_num_threads(threads)
         model, tok, pruning = load_vla(model_dir / "model.pt")

@@ -1,14 +1,15 @@
 """`flywheel bench learner`: samples/s of each learner update, FLOPs per sample and the share of this CPU's
 fp32 ceiling it reaches, per recipe and thread count, side by side in one run.
 
-    sft          one SFT step (learner.sft.train_vla): forward, loss, backward, AdamW (a click-map recipe's
+    sft          one SFT step (learner.algorithms.sft.train_vla): forward, loss, backward, AdamW (a click-map recipe's
                  full step: encoder, map and decoder)
     sft_clicks   one SFT step on click steps alone: a click-map recipe's map-only step (encoder and map, no
                  decoder pass: VLATrainConfig.map_only_fraction), any other recipe's full step on those steps
-    offline_rl   one offline RL step (learner.offline_rl): AWR on a batch + trajectory DPO with its reference
-    ppo          one PPO update over a batch of rollouts (learner.online_rl.ppo_update, RefKL: with the
+    offline_rl   one offline RL step (learner.algorithms.offline_rl): AWR on a batch + trajectory DPO with its reference
+    ppo          one PPO update over a batch of rollouts (learner.algorithms.online_rl.ppo_update, RefKL: with the
                  reference model's forward)
-    semi_online  one semi-online round (learner.semi_online): the model's rollouts over expert trajectories in
+    semi_online  one semi-online round (learner.algorithms.semi_online): the model's rollouts over expert trajectories
+    in
                  onnxruntime, then its PPO update
 
 Data (untimed, made once): expert demonstrations on `tasks` through the fast environment path, a short SFT
@@ -52,7 +53,7 @@ class LearnerBenchConfig:
     out: Path = Path("runs/bench-learner")
     """learner_bench.json goes here."""
     recipes: str = "demo,release_pointer,release"
-    """Comma-separated recipes (learner.config.VLARecipe: names in configs/ or paths); 'release-patch' is the
+    """Comma-separated recipes (learner.recipe.VLARecipe: names in configs/ or paths); 'release-patch' is the
     first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s; 'release_pointer'
     the reading + pointer recipe the click map replaced."""
     threads: str = "1,2"
@@ -95,8 +96,8 @@ def collect_demos(tasks: tuple[str, ...], per_task: int, seed: int):
 def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> BenchData:
     """A short SFT of the recipe on the demonstrations, and its sampled rollouts (4 per seed, 2 seeds a task)."""
     from edge_client.env import EnvConfig, GuiEnv
-    from learner.sft import train_vla
-    from learner.vla_export import export_bundle
+    from learner.algorithms.sft import train_vla
+    from learner.model.export import export_bundle
     from policy.runtime import VLAPolicy
     from policy.sampling import Sampling
 
@@ -112,7 +113,7 @@ def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> 
 
 
 def load_recipe(name: str):
-    from learner.config import VLARecipe
+    from learner.recipe import VLARecipe
 
     if name != "release-patch":
         return VLARecipe.load(name, progress_bar=False)
@@ -126,10 +127,10 @@ def update_runner(update: str, data: BenchData, train, out: Path) -> Callable[[i
     """steps -> (the VLAResult of running `update` up to that many steps, its extra figures)."""
     import polars as pl
 
-    from learner.offline_rl import OfflineRLConfig, train_offline_rl
-    from learner.online_rl import OnlineRLConfig, ppo_update
-    from learner.semi_online import SemiOnlineConfig, semi_online_update
-    from learner.sft import train_vla
+    from learner.algorithms.offline_rl import OfflineRLConfig, train_offline_rl
+    from learner.algorithms.online_rl import OnlineRLConfig, ppo_update
+    from learner.algorithms.semi_online import SemiOnlineConfig, semi_online_update
+    from learner.algorithms.sft import train_vla
 
     sft = str(data.sft_checkpoint)
     if update == "sft":  # the full step: no map-only steps, whatever the recipe's share of them
@@ -196,7 +197,9 @@ def phases(profiler: Profiler):
     """An SFT step's phases: the batch (data), the model's forward, the loss, backward and the AdamW step."""
     import torch
 
-    from learner import dataset, sft, vla
+    from learner.algorithms import sft
+    from learner.data import dataset
+    from learner.model import vla
 
     wrapped = [(dataset.VLADataset, "batch", "data"), (vla.VLA, "forward", "forward"), (sft, "sft_loss", "loss"),
                (torch.Tensor, "backward", "backward"), (torch.optim.AdamW, "step", "optimizer")]  # fmt: skip
@@ -216,9 +219,9 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
     import numpy as np
     import torch
 
-    from learner.checkpoints import load_vla
-    from learner.dataset import VLADataset
-    from learner.sft import sft_loss
+    from learner.algorithms.sft import sft_loss
+    from learner.data.dataset import VLADataset
+    from learner.model.checkpoints import load_vla
     from policy.pruning import keep_count
 
     torch.set_num_threads(threads)
@@ -260,7 +263,7 @@ def sft_step_variants(data: BenchData, threads: int, variants: list[str], steps:
 def run_bench(config: LearnerBenchConfig) -> dict:
     import torch
 
-    from learner.ceiling import fp32_ceiling
+    from learner.model.ceiling import fp32_ceiling
 
     config.out.mkdir(parents=True, exist_ok=True)
     threads = [int(t) for t in config.threads.split(",") if t]

@@ -11,7 +11,7 @@ tables hold.
                    reads (each table at the version it trained on), no version id is used twice, and the learner
                    continued rather than restarted: each version's parent is the version published before it
     learner kills  a stage the learner was killed in is the stage its next version comes from, resumed from the
-                   checkpoint it had written (learner.daemon: not the curriculum, nor the stage, from scratch)
+                   checkpoint it had written (learner.daemon.loop: not the curriculum, nor the stage, from scratch)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
              (the tasks whose SFT greedy success on selection seeds lies in [rl_set_low, rl_set_high], at most
              rl_set_size, the nearest to 0.5) -> a logged fleet: the SFT model's sampled rollouts on the RL
              set, `repeats` per seed (recorded when an arm with an offline stage first runs)
-    per arm: its stages after SFT (learner.stages, the dispatcher the learner daemon uses too), in rounds,
+    per arm: its stages after SFT (learner.algorithms.stages, the dispatcher the learner daemon uses too), in rounds,
              until its budget (wall minutes of training and rollouts, evaluation excluded) is spent;
              evaluated greedily at `curve_points` points, every arm on the same held-out seeds
 
@@ -15,7 +15,7 @@
     sft_offline_refkl   ... then online PPO + beta * KL(pi || pi_SFT), beta annealed over environment steps
     sft_offline_databc  ... then online PPO + beta * demo NLL
     sft_ppo             online PPO from SFT, no offline stage, no guidance
-    sft_semi_online     semi-online RL (learner.semi_online) on the RL set's demonstrations: no environment step
+    sft_semi_online     semi-online RL on the RL set's demonstrations (learner's semi_online): no environment step
     sft_more_demos      each round: more expert demonstrations on the RL set (every expert step a teacher call),
                         then SFT from the shared SFT on all demonstrations: what a teacher's label must beat
     dagger              each round: the policy's greedy episodes on the RL set, the teacher (edge_client.teacher)
@@ -51,7 +51,7 @@ With `start_from` (e.g. the release) the arms start from that trained model inst
 
 An online round (the signal per environment step): groups of `repeats` rollouts of one (task, seed) on the
 RL set, the task drawn with a weight that falls when its recent groups were all-success or all-failure
-(learner.online_rl.task_weights), until `groups_per_round` informative groups are in (or
+(learner.algorithms.online_rl.task_weights), until `groups_per_round` informative groups are in (or
 `max_groups_per_round` were tried); then one PPO update over the informative groups of the last
 `replay_rounds` rounds (a replay whose version lag is bounded by it), per-step credit within each group.
 
@@ -147,7 +147,7 @@ class CurriculumConfig:
     shared_only: bool = False
     """Prepare the shared part (demonstrations, SFT, RL set, its start evaluation) and stop."""
     recipe: str = "demo"
-    """VLA recipe of the SFT stage (learner.config.VLARecipe); with start_from, the start's own recipe."""
+    """VLA recipe of the SFT stage (learner.recipe.VLARecipe); with start_from, the start's own recipe."""
     start_from: str = ""
     """A trained model's checkpoint (e.g. release/model.pt) every arm starts from instead of a shared SFT on the
     demonstrations ("": the shared SFT)."""
@@ -181,13 +181,13 @@ class CurriculumConfig:
     online_epochs: int = 2
     """Passes of each online update over its rollouts (the fresh round's and the replay's) ..."""
     online_minibatch_rows: int = 0
-    """... in minibatches of about this many steps (0: the recipe's batch size; learner.online_rl.OnlineRLConfig)."""
+    """... in minibatches of about this many steps (0: the recipe's batch size; online_rl.OnlineRLConfig)."""
     online_negative_weight: float = 1.0
     """Share of a failure's negative advantage an online update applies (1: PPO as written, 0: the successes
-    only; learner.rl_losses.weigh_failures)."""
+    only; learner.algorithms.rl_losses.weigh_failures)."""
     online_target_kl: float = 0.02
     """An online update stops at a minibatch this far (approximate KL on the action tokens, x1.5) from pi_old
-    (0: never; learner.online_rl.OnlineRLConfig.target_kl)."""
+    (0: never; learner.algorithms.online_rl.OnlineRLConfig.target_kl)."""
     offline_share: float = 0.3
     """Share of an arm's budget its first stage (offline RL, dagger, self-imitation) gets when an online stage
     follows."""
@@ -305,8 +305,8 @@ class Shared:
 
     def __init__(self, config: CurriculumConfig, env, replay_demos=None):
         from edge_client.experts import expert_for
-        from learner.config import VLARecipe
-        from learner.sft import train_vla
+        from learner.algorithms.sft import train_vla
+        from learner.recipe import VLARecipe
 
         self.config, self.dir, self.env, self.replay_demos = config, config.out / "shared", env, replay_demos
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -376,7 +376,7 @@ class Shared:
     @cached_property
     def base(self) -> pl.DataFrame:
         """What the sft arm, the retrains and the twins imitate: the demonstrations, and the replay's too."""
-        from learner.stages import with_replay
+        from learner.algorithms.stages import with_replay
 
         if not self.config.replay:
             return self.demos
@@ -467,7 +467,7 @@ class TrainedStart:
 
 
 def trained_start(checkpoint: Path) -> TrainedStart:
-    from learner.checkpoints import load_vla
+    from learner.model.checkpoints import load_vla
 
     if not checkpoint.exists():
         raise FileNotFoundError(f"start_from: no checkpoint at {checkpoint}")
@@ -489,10 +489,10 @@ def train_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out:
     RL), one semi-online update, or an online round (its rollouts collected here, then one PPO update).
     `origin`: the arm's model before its budget (the shared SFT, or offline_only's fresh model). Returns
     (VLAResult, env steps it took, rollout seconds)."""
-    from learner.checkpoints import load_vla
-    from learner.online_rl import OnlineRLConfig
-    from learner.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
-    from learner.teacher_labels import label_count
+    from learner.algorithms.online_rl import OnlineRLConfig
+    from learner.algorithms.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
+    from learner.data.teacher_labels import label_count
+    from learner.model.checkpoints import load_vla
 
     config = shared.config
     kind = stage.split(":")[0]
@@ -549,7 +549,7 @@ def retrain_config(train, steps: int):
 
 
 def semi_online_config(config: CurriculumConfig, stage: str):
-    from learner.semi_online import SemiOnlineConfig
+    from learner.algorithms.semi_online import SemiOnlineConfig
 
     views = SEMI_ONLINE_VIEWS if stage.endswith(":views") else {}
     return SemiOnlineConfig(temperature=config.temperature, top_k=config.top_k,
@@ -581,7 +581,7 @@ def gather_round(arm: str, stage: str, state: ArmState, shared: Shared, env, out
     from edge_client.experts import expert_for
     from edge_client.search import SearchBudget
     from flywheel.gathering.episodes import continued_labels, dart_episode, search_episode
-    from learner.teacher_labels import teacher_rows, verified_successes
+    from learner.data.teacher_labels import teacher_rows, verified_successes
 
     config = shared.config
     version = f"{arm}-r{state.rounds}"
@@ -660,7 +660,7 @@ def gathered(state: ArmState) -> pl.DataFrame | None:
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
-# The semi-online views (learner.semi_online): the training views of the vision experiment's augmented arm.
+# The semi-online views (learner.algorithms.semi_online): the training views of the vision experiment's augmented arm.
 SEMI_ONLINE_VIEWS = {"view_shift_px": 6, "view_scale": 0.05, "view_colour": 0.1}
 
 
@@ -669,8 +669,8 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
     by its weight (fewer for tasks whose recent groups all ended alike), until groups_per_round informative
     groups or max_groups_per_round tried. The informative ones are kept for replay_rounds rounds; returns
     (the replay's rows, env steps taken)."""
-    from learner.online_rl import task_weights
-    from learner.teacher_labels import teacher_rows
+    from learner.algorithms.online_rl import task_weights
+    from learner.data.teacher_labels import teacher_rows
 
     config = shared.config
     version = f"{arm}-r{state.rounds}"
@@ -706,9 +706,9 @@ def collect_online_round(arm: str, state: ArmState, shared: Shared, env, out: Pa
 
 
 def run_arm(arm: str, shared: Shared, env) -> dict:
-    from learner.checkpoints import load_vla
-    from learner.sft import train_vla
-    from learner.vla_export import export_bundle
+    from learner.algorithms.sft import train_vla
+    from learner.model.checkpoints import load_vla
+    from learner.model.export import export_bundle
 
     config, stages, out = shared.config, ARMS[arm], shared.config.out / arm
     state_path = out / "state.json"
@@ -774,7 +774,7 @@ def twin_eval(shared: Shared, steps: int) -> Path:
     """The no-fleet twin of a retrain of `steps` steps: that retrain from the shared SFT (the same rate, warm-up
     and start) on the demonstrations (+ the replay) alone, evaluated on the arms' seeds; trained once for every arm
     whose last retrain took those steps (OUT/twins/steps-N/). Returns its eval json."""
-    from learner.stages import StageData, StageRun, run_stage
+    from learner.algorithms.stages import StageData, StageRun, run_stage
 
     config, out = shared.config, shared.config.out / "twins" / f"steps-{steps}"
     path = out / "eval-twin.json"

@@ -58,7 +58,7 @@ class EvalConfig:
 def evaluate_sop(bundle: str | Path, tasks: tuple[str, ...], episodes: int, seed: int,
                  keep_ratio: float | None = None) -> dict:  # fmt: skip
     """{"tasks": {task: {"sop_progress", "sop_success", "trajectories"}}, "sop_progress", "sop_success"}."""
-    from learner.semi_online import sop
+    from learner.algorithms.semi_online import sop
     from policy.runtime import VLARuntime
 
     return sop(VLARuntime(bundle, keep_ratio=keep_ratio), record_expert_trajectories(tasks, episodes, seed))

@@ -2,14 +2,14 @@
 
 One JSON file (configs/experiment_*.json) names the demonstrations (a release recipe's collections, collected
 or reused exactly as `flywheel release` does), the tasks whose steps are trained on and evaluated, a base
-recipe (learner.config.VLARecipe) and the arms: each arm overrides model/train settings, may train on a
+recipe (learner.recipe.VLARecipe) and the arms: each arm overrides model/train settings, may train on a
 fraction of the demonstration episodes, and is evaluated at one or more step counts of its run.
 
     {"demonstrations_from": "configs/vla_release.json", "demonstrations_work": "runs/release",
      "tasks": "tier1", "base": {recipe}, "arms": [{"name": "patch"},
      {"name": "reading", "model": {"encoder": "reading"}, "train": {...}, "fraction": 0.5, "eval_at": [250, 500]}]}
 
-Everything resumes: an arm's training is checkpointed (learner.training_run) and each evaluation is kept in
+Everything resumes: an arm's training is checkpointed (learner.algorithms.training_run) and each evaluation is kept in
 WORK/<arm>/eval-<step>.json, so a re-run only does what is missing. Evaluations at intermediate steps are
 snapshots of one cosine schedule (the learning rate has not annealed there). Writes WORK/results.json,
 WORK/table.md and WORK/curves.png (success vs training steps, and vs demonstration episodes).
@@ -80,8 +80,8 @@ def run_arm(
     arm: dict, base: dict, frame: pl.DataFrame, tasks: tuple[str, ...], work: Path, episodes: int, browsers: int = 1
 ) -> list[dict]:
     """Train one arm up to each of its eval_at steps and evaluate there; returns its evaluations in step order."""
-    from learner.config import VLARecipe
-    from learner.sft import train_vla
+    from learner.algorithms.sft import train_vla
+    from learner.recipe import VLARecipe
 
     recipe = VLARecipe.from_dict(merged(base, arm))
     fraction = float(arm.get("fraction", 1.0))
@@ -121,7 +121,7 @@ def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, wo
     release's snapshots) evaluated like an arm, into WORK/checkpoints/eval-<step>.json (resumable)."""
     import torch
 
-    from learner.checkpoints import load_vla
+    from learner.model.checkpoints import load_vla
 
     out = work / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def evaluate_checkpoints(pattern: str, tasks: tuple[str, ...], episodes: int, wo
     return entries
 
 
-def _report(p) -> None:  # learner.training_run.VLAProgress
+def _report(p) -> None:  # learner.algorithms.training_run.VLAProgress
     say(f"  step {p.step}/{p.total_steps} loss {p.loss:.3f} (tokens {p.token_nll:.3f}, target patch "
         f"{p.relevance_nll:.2f}) {p.samples_per_s:.1f} samples/s")  # fmt: skip
 
@@ -202,8 +202,8 @@ def pointing_diagnostic(arm_dir: Path, task: str, episodes: int) -> dict:
 
     from edge_client.env import GuiEnv
     from edge_client.experts import expert_for
-    from learner.checkpoints import CHECKPOINT_NAME, load_vla
-    from learner.vla import target_patch_index
+    from learner.model.checkpoints import CHECKPOINT_NAME, load_vla
+    from learner.model.vla import target_patch_index
     from policy.runtime import VLARuntime
     from policy.screen import screenshot_to_chw
     from policy.tokens import char_ids

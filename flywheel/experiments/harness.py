@@ -39,7 +39,7 @@ from edge_client.runner import EdgeConfig
 from flywheel.experiments.arms import filtered_bc, offline_rl, search_bc, search_bc_rl, shuffled_labels
 from flywheel.gathering.episodes import episode_rows, run_episodes, sampling_policy, to_frame
 from flywheel.gathering.evaluation import evaluate_bundle, evaluate_model
-from learner.daemon_config import DaemonConfig
+from learner.daemon.daemon_config import DaemonConfig
 from registry.store import RELEASE_DIR
 
 ARMS = {arm.NAME: arm for arm in (search_bc, filtered_bc, offline_rl, search_bc_rl, shuffled_labels)}
@@ -159,7 +159,7 @@ class ArmContext:
     """What an arm's module gets of the harness on one training seed."""
 
     def __init__(self, config: ArmsConfig, shared: Shared, seed: int):
-        from learner.config import VLARecipe
+        from learner.recipe import VLARecipe
 
         self.config, self.shared, self.seed = config, shared, seed
         self.tasks: tuple[str, ...] = config.fleet.new_tasks
@@ -187,7 +187,7 @@ class ArmContext:
     def train_config(self, steps: int, online: bool = False):
         """The training of a retrain of `steps` (the learner daemon's: rl_lr, short warm-up, a checkpoint at the
         end), or of online RL updates (online_lr, a long schedule each update slices)."""
-        from learner.daemon import rl_train_config
+        from learner.daemon.loop import rl_train_config
 
         train = rl_train_config(self.recipe, self.config.learner)
         train = replace(train, seed=train.seed + self.seed)
@@ -196,7 +196,7 @@ class ArmContext:
         return replace(train, steps=steps, checkpoint_every=steps)
 
     def retrain_steps(self, extra_rows: int) -> int:
-        from learner.stages import retrain_steps
+        from learner.algorithms.stages import retrain_steps
 
         learner = self.config.learner
         rows = self.demos.height + extra_rows
@@ -205,7 +205,7 @@ class ArmContext:
     def retrain(self, arm: str, extra: pl.DataFrame | None, env_steps: int, steps: int = 0) -> Trained:
         """The learner's retrain from the start on the demonstrations + `extra` (the stage the daemon retrains by),
         for the learner's steps on those rows (or `steps`)."""
-        from learner.stages import StageData, StageRun, run_stage
+        from learner.algorithms.stages import StageData, StageRun, run_stage
 
         steps = steps or self.retrain_steps(0 if extra is None else extra.height)
         run = StageRun("self_imitation", self.train_config(steps), self.dir(arm) / "train", reference=self.start,
@@ -223,7 +223,7 @@ class ArmContext:
     def rollouts(self, checkpoint: str, task: str, repeats: int, temperature: float) -> tuple[pl.DataFrame, int]:
         """`repeats` runs of `checkpoint`'s model on the next fresh training seed of `task` (after the exploration's),
         sampling over every token: (rows, env steps)."""
-        from learner.checkpoints import load_vla
+        from learner.model.checkpoints import load_vla
         from policy.sampling import Sampling
 
         if self._policy_of != checkpoint:  # a new model: exported once, run by onnxruntime as at the edge
@@ -262,7 +262,7 @@ class Shared:
 
     def evaluate(self, checkpoint: str, label: str, out: Path) -> dict:
         """A model greedy on the evaluation's seeds (OUT/.../eval-<label>.json, reused when there)."""
-        from learner.checkpoints import load_vla
+        from learner.model.checkpoints import load_vla
 
         path = out / f"eval-{label}.json"
         if path.exists():
@@ -365,8 +365,8 @@ def run_twin(ctx: ArmContext, steps: int) -> dict:
 
 def run_arms(config: ArmsConfig) -> dict:
     from edge_client.env import GuiEnv
-    from learner.checkpoints import load_vla
-    from learner.vla_export import export_bundle
+    from learner.model.checkpoints import load_vla
+    from learner.model.export import export_bundle
 
     check_arms_config(config)
     config.out.mkdir(parents=True, exist_ok=True)

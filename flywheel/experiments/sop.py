@@ -30,7 +30,7 @@ def run_sop_experiment(out: Path, curriculum: Path, episodes: int, seed: int) ->
     OUT/sop.png."""
     import json
 
-    from learner.semi_online import sop
+    from learner.algorithms.semi_online import sop
 
     points = []
     for eval_path in sorted(curriculum.glob("*/eval-*.json")):

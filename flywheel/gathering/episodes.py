@@ -1,7 +1,7 @@
 """The experiments' episodes as rows, as the pipeline would write and score them (processors.table_rows,
 processors.scoring): the demonstrations, the logged fleet, the online rounds and every gathered round run through
 the fleet's own loop (edge_client.episode) in a local browser; and the supervision the fleet's experience buys
-beyond demonstrations (issue 44), one (task, seed) at a time, as SFT rows a retrain reads (learner.stages
+beyond demonstrations (issue 44), one (task, seed) at a time, as SFT rows a retrain reads (learner.algorithms.stages
 "dagger" and "self_imitation"):
 
     continued_labels   DAgger whose labels fit their history: the teacher's own continuation from a greedy
@@ -44,7 +44,7 @@ def episode_rows(result, episode_id: str, version: str) -> list[dict]:
 
 
 def to_frame(rows: list[dict]) -> pl.DataFrame:
-    from learner.training_tables import ROLLOUT_TYPES
+    from learner.data.tables import ROLLOUT_TYPES
 
     types = ROLLOUT_TYPES | {"target_box": pl.List(pl.Float32), "verify_ok": pl.Boolean, "x": pl.Float64,
                              "y": pl.Float64, "score": pl.Float64, "weight": pl.Float64, "temperature": pl.Float64,
@@ -72,7 +72,7 @@ def run_episodes(env, policy_for, tasks, seeds, repeats: int, version: str, tag:
 
 def sampling_policy(model, tok, pruning, version: str, bundle: Path, temperature: float, top_k: int, seed: int):
     """The model exported to `bundle` and run by onnxruntime as at the edge, sampling."""
-    from learner.vla_export import export_bundle
+    from learner.model.export import export_bundle
     from policy.runtime import VLAPolicy
     from policy.sampling import Sampling
 
@@ -82,7 +82,8 @@ def sampling_policy(model, tok, pruning, version: str, bundle: Path, temperature
 
 def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, max_steps: int = 12) -> pl.DataFrame:
     """The experts' successful episodes on seeds seed .. seed + episodes - 1 of every task, as step rows
-    (learner.semi_online.TRAJECTORY_COLUMNS): the screens, actions and element boxes a model is matched on."""
+    (learner.algorithms.semi_online.TRAJECTORY_COLUMNS): the screens, actions and element boxes a model is matched
+    on."""
     from edge_client.env import task_name
     from edge_client.experts import expert_for
 
@@ -115,7 +116,7 @@ def continued_labels(env, policy, teacher, task: str, seed: int, version: str, m
     from edge_client.episode import run_episode
     from edge_client.experts import expert_for
     from edge_client.search import continue_by_teacher
-    from learner.action_match import action_score
+    from learner.data.action_match import action_score
 
     episode = run_episode(env, policy, task, seed, max_steps, teacher=teacher)
     if episode.success:
@@ -135,9 +136,9 @@ def continued_labels(env, policy, teacher, task: str, seed: int, version: str, m
 
 
 def label_rows(result, episode_id: str, version: str, first_label: int) -> pl.DataFrame:
-    """learner.teacher_labels' row shape (LABEL_COLUMNS) of an episode whose steps from `first_label` on are the
+    """learner.data.teacher_labels' row shape (LABEL_COLUMNS) of an episode whose steps from `first_label` on are the
     teacher's: those are labels (`train`), the steps before them context; each step's history is what it took."""
-    from learner.teacher_labels import LABEL_COLUMNS
+    from learner.data.teacher_labels import LABEL_COLUMNS
 
     rows = to_frame(episode_rows(result, episode_id, version))
     taken = [pl.col(c).alias(f"taken_{c}") for c in ("action_type", "x", "y", "text", "key")]
@@ -151,7 +152,7 @@ def dart_episode(env, task: str, seed: int, version: str, noise: float, sigma_px
     from edge_client.dart import NoisyExpert
     from edge_client.experts import expert_for
     from edge_client.teacher import Teacher, TeacherConfig
-    from learner.teacher_labels import teacher_rows
+    from learner.data.teacher_labels import teacher_rows
 
     noisy = NoisyExpert(expert_for(task), noise, sigma_px, rng)
     # Every state labelled: the stateless expert's clean action on it (the call the noisy one made, not another).

@@ -49,7 +49,7 @@ def evaluate_model(model, tok, pruning, meta: dict, tasks: tuple[str, ...], epis
 
     `meta`: the entry's arm, step, group, data and training figures; the evaluation adds the rest, with each
     task's `success_by_seed` (episode i on seed + i) for paired comparisons."""
-    from learner.vla_export import export_bundle
+    from learner.model.export import export_bundle
 
     step = meta["step"]
     bundle = export_bundle(model, tok, pruning, out / f"model-{step}.vla")

@@ -10,7 +10,7 @@ import polars as pl
 
 from core.object_store import Location
 from lake.tables import EPISODES, scan, table_uri
-from learner.teacher_labels import load_filtered_successes
+from learner.data.teacher_labels import load_filtered_successes
 from schemas import Action
 
 

@@ -5,7 +5,7 @@ by hand. `flywheel chaos` runs the same tree (flywheel.chaos.run.ChaosConfig.run
     DemoConfig                       the run: its length, clients, output, what it measures at the end
       fleet: EdgeConfig              every edge client (edge_client.runner), `flywheel edge`'s settings
         teacher: TeacherConfig       the teacher each client may ask (edge_client.teacher)
-      learner: DaemonConfig          the learner daemon (learner.daemon_config), `flywheel learner`'s settings
+      learner: DaemonConfig          the learner daemon (learner.daemon.daemon_config), `flywheel learner`'s settings
       worker: WorkerConfig           each faust worker (processors.worker_config), `flywheel process`'s settings
 
 Each setting is declared once, in the class of the part that reads it, with that part's own default; where the
@@ -22,7 +22,7 @@ from core.cli_config import config_argv
 from core.settings import NEW_TASKS
 from edge_client.runner import EdgeConfig
 from edge_client.teacher import TeacherConfig
-from learner.daemon_config import DaemonConfig
+from learner.daemon.daemon_config import DaemonConfig
 from processors.worker_config import WorkerConfig
 from registry.store import RELEASE_DIR
 

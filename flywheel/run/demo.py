@@ -15,7 +15,7 @@ experts, whose episodes are the demonstrations), and the learner trains on whate
 lists every version the learner published with the fleet's success under it (its sampled episodes, as they
 ran), fleet_idle_s (the time within the run when no client was in an episode) and the first and the last
 versions' greedy success on the same held-out seeds (flywheel.run.continuous has the figures), and, with --twin,
-the last version's no-fleet twin on those seeds: its retrain again on the demonstrations alone (learner.twin).
+the last version's no-fleet twin on those seeds: its retrain again on the demonstrations alone (learner.daemon.twin).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run_demo(config: DemoConfig, settings: Settings) -> dict:
 def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     """Run the fleet and the learner side by side for config.minutes; returns the report."""
     run_s = 60 * config.minutes
-    state_path = stack.settings_of("learner").learner_dir / "daemon" / "state.json"  # learner.daemon.DaemonState
+    state_path = stack.settings_of("learner").learner_dir / "daemon" / "state.json"  # learner.daemon.loop.DaemonState
     learner_cpus, fleet_cpus = split_cpus(sorted(os.sched_getaffinity(0)), config.learner_cpu_share)
     learner = stack.start("learner", learner_args(config), cpus=learner_cpus, role="learner")
     if fleet_cpus:
@@ -199,12 +199,12 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
     }
 
 
-TWIN_SUMMARY = "twin.json"  # under --out: the twin's training summary (learner.twin)
+TWIN_SUMMARY = "twin.json"  # under --out: the twin's training summary (learner.daemon.twin)
 
 
 @dataclass
 class TwinRun:
-    """The last version's no-fleet twin (learner.twin): its training under way, or why it has none."""
+    """The last version's no-fleet twin (learner.daemon.twin): its training under way, or why it has none."""
 
     of: str  # the version it is the twin of
     child: Child | None = None  # `flywheel twin`, on the learner's machine (the SFT checkpoint is there)
@@ -259,7 +259,7 @@ def task_groups(config: DemoConfig) -> dict[str, tuple[str, ...]]:
 
 
 def read_versions(state_path: Path) -> list[dict]:
-    """The versions the learner daemon has published, in order (learner.daemon.DaemonState)."""
+    """The versions the learner daemon has published, in order (learner.daemon.loop.DaemonState)."""
     return json.loads(state_path.read_text())["versions"] if state_path.exists() else []
 
 

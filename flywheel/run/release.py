@@ -5,7 +5,7 @@
        fleet of edge clients with the scripted DOM experts, waits until every step is in Delta, stops and
        writes DIR/demonstrations.json (what was collected and the Delta table versions that hold it); a
        finished collection is reused (running again with the same settings does nothing)
-    2. VLA SFT reading them from Delta at the recorded table versions (learner.sft), resumable
+    2. VLA SFT reading them from Delta at the recorded table versions (learner.algorithms.sft), resumable
     3. export the `.vla` bundle and its int8 variant, write manifest.json (config, seed, table versions,
        sha256, CPU time) next to them
 Every stage resumes: a finished collection is reused, training continues from its checkpoint.
@@ -26,11 +26,11 @@ from core.console import jsonable, say
 from core.settings import SUITE_TASKS, Settings, parse_tasks
 from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.stack import local_stack
-from learner.checkpoints import save_weights
-from learner.config import VLARecipe
-from learner.sft import train_vla
-from learner.training_tables import load_samples, table_versions
-from learner.vla_export import export_bundle, quantize_bundle
+from learner.algorithms.sft import train_vla
+from learner.data.tables import load_samples, table_versions
+from learner.model.checkpoints import save_weights
+from learner.model.export import export_bundle, quantize_bundle
+from learner.recipe import VLARecipe
 
 REPORT_NAME = "demonstrations.json"
 

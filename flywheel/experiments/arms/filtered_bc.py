@@ -7,8 +7,8 @@ costs:   the sampled runs' environment steps
 
 from __future__ import annotations
 
-from learner.stages import repeated
-from learner.teacher_labels import filtered_successes
+from learner.algorithms.stages import repeated
+from learner.data.teacher_labels import filtered_successes
 
 NAME = "filtered_bc"
 SUMMARY = "filtered BC on what sampling alone verified"

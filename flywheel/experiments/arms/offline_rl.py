@@ -1,7 +1,8 @@
 """offline_rl: the failures used too. AWR + DPO on the verified successes and the failures beside them.
 
 gathers: search_bc's exploration (the same episodes)
-trains:  offline RL from the start (learner.offline_rl, its reference): AWR on the demonstrations, each seed's
+trains:  offline RL from the start (learner.algorithms.offline_rl, its reference): AWR on the demonstrations, each
+seed's
          shortest success (`copies` times) and the failed runs of every seed that has a success, weighted by the
          episode's advantage; DPO on (success, failure) pairs of the same seed pushes the failures' actions below
          the success's. The steps are a retrain's on the same rows, so the twin is the same length
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from learner.offline_rl import OfflineRLConfig
-from learner.stages import StageData, StageRun, repeated, run_stage
-from learner.teacher_labels import filtered_successes
+from learner.algorithms.offline_rl import OfflineRLConfig
+from learner.algorithms.stages import StageData, StageRun, repeated, run_stage
+from learner.data.teacher_labels import filtered_successes
 
 NAME = "offline_rl"
 SUMMARY = "AWR + DPO: successes imitated, the same seeds' failures pushed away"
@@ -26,7 +27,7 @@ AFTER = ""
 @dataclass(frozen=True)
 class OfflineRLSettings:
     dpo_weight: float = 0.5
-    """Weight of the DPO term against AWR (learner.offline_rl.OfflineRLConfig)."""
+    """Weight of the DPO term against AWR (learner.algorithms.offline_rl.OfflineRLConfig)."""
     dpo_pairs: int = 4
     """(success, failure) pairs per update."""
 

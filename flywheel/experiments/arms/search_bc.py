@@ -9,8 +9,8 @@ costs:   the sampled runs' and the search's environment steps (its failed branch
 
 from __future__ import annotations
 
-from learner.stages import repeated
-from learner.teacher_labels import filtered_successes
+from learner.algorithms.stages import repeated
+from learner.data.teacher_labels import filtered_successes
 
 NAME = "search_bc"
 SUMMARY = "filtered BC on what sampling and the search verified"

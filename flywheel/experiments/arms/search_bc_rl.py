@@ -1,9 +1,10 @@
 """search_bc_rl: search_bc's model refined by RL on the new tasks, anchored to what it imitated.
 
 gathers: each round, groups of `repeats` sampled rollouts of one (task, training seed), tasks drawn by how often
-         their recent groups were informative (learner.online_rl.task_weights), until `groups_per_round`
+         their recent groups were informative (learner.algorithms.online_rl.task_weights), until `groups_per_round`
          informative groups (successes and failures alike) or `max_groups_per_round` were tried
-trains:  one PPO update a round (learner.online_rl, guidance "anchor": the NLL of the demonstrations + search_bc's
+trains:  one PPO update a round (learner.algorithms.online_rl, guidance "anchor": the NLL of the demonstrations +
+search_bc's
          successes at a fixed weight, so the verified habits are not lost) from search_bc's model, at online_lr
 costs:   search_bc's, plus every rollout's environment steps. The twin is search_bc's (its retrain's steps):
          RL updates have no no-fleet twin, without a fleet there are no rollouts
@@ -16,9 +17,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
-from learner.online_rl import OnlineRLConfig, task_weights
-from learner.stages import StageData, StageRun, repeated, run_stage, with_extra
-from learner.teacher_labels import filtered_successes
+from learner.algorithms.online_rl import OnlineRLConfig, task_weights
+from learner.algorithms.stages import StageData, StageRun, repeated, run_stage, with_extra
+from learner.data.teacher_labels import filtered_successes
 
 NAME = "search_bc_rl"
 SUMMARY = "search_bc, then PPO on the new tasks anchored to its imitation"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from learner.stages import repeated
-from learner.teacher_labels import filtered_successes
+from learner.algorithms.stages import repeated
+from learner.data.teacher_labels import filtered_successes
 
 NAME = "shuffled_labels"
 SUMMARY = "control: search_bc's episodes, success labels shuffled within each task"

@@ -12,8 +12,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from learner.checkpoints import load_vla
-from learner.vla_export import export_bundle
+from learner.model.checkpoints import load_vla
+from learner.model.export import export_bundle
 
 
 def tensors(bundle):
@@ -60,7 +60,7 @@ for name, p in state["model"].items():
     restored[name] = torch.from_numpy(np.ascontiguousarray(value).copy()).to(p.dtype)
 # pos_scale is folded with the token embeddings into the encoder's one position constant: solve for it.
 if unmatched == [("encoder.pos_scale", ())]:
-    from learner.vla import patch_positions
+    from learner.model.vla import patch_positions
 
     model, _, _ = load_vla(template_ckpt)
     enc = model.encoder

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from learner.vla import IGNORE, VLA
+from learner.model.vla import IGNORE, VLA
 from policy.sampling import MAX_TEXT_TOKENS
 from policy.tokens import ActionTokenizer
 
@@ -46,11 +46,11 @@ class Scored(NamedTuple):
     logp: torch.Tensor  # (B, T) log pi of each label, 0 where unlabelled
     logp_all: torch.Tensor  # (B, T, V) -inf outside the grammar
     mask: torch.Tensor  # (B, T) float, 1 at labelled positions
-    relevance: torch.Tensor  # (B, N) the pruning relevance of each patch (taught by learner.vla.target_patch_nll)
+    relevance: torch.Tensor  # (B, N) the pruning relevance of each patch (taught by learner.model.vla.target_patch_nll)
 
 
 def token_logprobs(model: VLA, batch: dict[str, torch.Tensor], masks: torch.Tensor, keep: int) -> Scored:
-    """Teacher-forced log pi_theta of a batch (learner.dataset.VLADataset.batch) under the grammar."""
+    """Teacher-forced log pi_theta of a batch (learner.data.dataset.VLADataset.batch) under the grammar."""
     logits, relevance, _ = model(batch["image"], batch["prior"], batch["instruction_ids"], batch["instruction_chars"],
                                  batch["text_ids"], keep)  # fmt: skip  # (B, T, V)
     logp_all = logits.masked_fill(~masks, float("-inf")).log_softmax(-1)  # (B, T, V)

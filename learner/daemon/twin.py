@@ -1,6 +1,6 @@
 """The no-fleet twin of a published version (issue 44): its retrain again, on the demonstrations alone.
 
-A version of the supervised curriculum (learner.daemon) is a retrain from the SFT model on the demonstrations
+A version of the supervised curriculum (learner.daemon.loop) is a retrain from the SFT model on the demonstrations
 + the fleet's rows (the teacher's labels, or its verified successes), perhaps refined by anchored RL updates. It
 can beat the first SFT without the fleet's rows helping at all: the first SFT trained on the demonstrations in the
 tables when the learner first polled, every retrain on all those that had landed by then (issue 44 measured the
@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 
 from core.settings import Settings
 from lake.pins import pinned
-from learner.config import VLARecipe
-from learner.daemon import DaemonConfig, retrain_run
-from learner.stages import StageData, run_stage
-from learner.training_tables import load_samples
-from learner.vla_export import export_bundle
+from learner.algorithms.stages import StageData, run_stage
+from learner.daemon.loop import DaemonConfig, retrain_run
+from learner.data.tables import load_samples
+from learner.model.export import export_bundle
+from learner.recipe import VLARecipe
 from registry.store import ancestry, store_artifact
 
 RETRAINS = ("dagger", "self_imitation")  # the stages that retrain from SFT on the demonstrations + the fleet's rows
@@ -38,7 +38,8 @@ class TwinPlan:
     start_checkpoint: str  # its weights (the learner's files, by its manifest)
     lineage: dict[str, int]  # the table versions `of` pins: the twin reads its demonstrations there
     updates_after_retrain: int  # versions between the retrain and `of` (anchored RL: no fleet, no rollouts)
-    steps: int  # the retrain's optimizer steps (its manifest's; they grow with its rows, learner.stages.retrain_steps)
+    # the retrain's optimizer steps (its manifest's; they grow with its rows, learner.algorithms.stages.retrain_steps)
+    steps: int
 
 
 def twin_plan(settings: Settings, version: str) -> TwinPlan:

@@ -2,7 +2,7 @@
 
 Notation: B sequences (one per step), T generated-token positions, V vocabulary, `mask` (B, T) is 1 where a
 position holds a generated token the loss counts. `logp` are log pi_theta of the generated tokens under the
-action grammar (learner.policy_logprobs), `behaviour_logp` the log mu the edge recorded when it drew them
+action grammar (learner.algorithms.policy_logprobs), `behaviour_logp` the log mu the edge recorded when it drew them
 (policy.sampling), `ref_logp` the frozen SFT reference's.
 
     offline RL (AWR):      L = -sum_i w_i log pi(a_i|s_i) / sum_i 1,  w_i = min(exp(A_i / tau), w_max)

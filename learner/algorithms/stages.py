@@ -1,13 +1,14 @@
-"""The one dispatcher of the curriculum's stages: the learner daemon (learner.daemon) and the experiment
+"""The one dispatcher of the curriculum's stages: the learner daemon (learner.daemon.loop) and the experiment
 (flywheel.experiments.curriculum) both train every stage through `run_stage`, so a stage means one thing in both.
 
-    sft                 imitation of the demonstrations (learner.sft)
-    offline_rl          AWR + DPO on the logged successes and failures (learner.offline_rl)
+    sft                 imitation of the demonstrations (learner.algorithms.sft)
+    offline_rl          AWR + DPO on the logged successes and failures (learner.algorithms.offline_rl)
     online_rl:<g>       one PPO update on fresh (+ replayed) rollouts, guidance g: none, refkl or databc
-                        (learner.online_rl)
-    semi_online[:views] one semi-online update on expert trajectories (learner.semi_online)
+                        (learner.algorithms.online_rl)
+    semi_online[:views] one semi-online update on expert trajectories (learner.algorithms.semi_online)
     dagger              SFT from the SFT model (the reference), at the SFT rate, on the demonstrations + every
-                        teacher label so far (learner.teacher_labels.teacher_rows): DAgger's retrain on the aggregate
+                        teacher label so far (learner.data.teacher_labels.teacher_rows): DAgger's retrain on the
+                        aggregate
     self_imitation      the same, on the demonstrations + the fleet's verified successes (greedy or top-k drawn)
                         (both: + filtered BC's rows on the tasks nobody demonstrated, StageData.new_task_rows)
 
@@ -26,18 +27,18 @@ import numpy as np
 import polars as pl
 import torch
 
-from learner.checkpoints import CHECKPOINT_NAME, load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import VLADataset
-from learner.offline_rl import OfflineRLConfig, train_offline_rl
-from learner.online_rl import OnlineRLConfig, ppo_update
-from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.rl_losses import entropy_over_support, kl_to_reference
-from learner.semi_online import SemiOnlineConfig, semi_online_update
-from learner.sft import train_vla
-from learner.teacher_labels import LABEL_COLUMNS, label_count
-from learner.training_run import VLAResult, open_run
-from learner.training_tables import SFT_COLUMNS
+from learner.algorithms.offline_rl import OfflineRLConfig, train_offline_rl
+from learner.algorithms.online_rl import OnlineRLConfig, ppo_update
+from learner.algorithms.policy_logprobs import grammar_masks, token_logprobs
+from learner.algorithms.rl_losses import entropy_over_support, kl_to_reference
+from learner.algorithms.semi_online import SemiOnlineConfig, semi_online_update
+from learner.algorithms.sft import train_vla
+from learner.algorithms.training_run import VLAResult, open_run
+from learner.data.dataset import VLADataset
+from learner.data.tables import SFT_COLUMNS
+from learner.data.teacher_labels import LABEL_COLUMNS, label_count
+from learner.model.checkpoints import CHECKPOINT_NAME, load_vla
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import keep_count
 
 STAGES = ("sft", "offline_rl", "online_rl", "semi_online", "dagger", "self_imitation")

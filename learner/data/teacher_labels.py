@@ -12,10 +12,10 @@ successes (self-imitation), as SFT rows, and the teacher's agreement as a dense 
                          environment verified, whatever temperature drew it (there the fleet explores widely,
                          edge_client.exploration; the verdict, not the draw, makes a success).
     teacher_agreement    (M,) how well each step's action agreed with the teacher's label of its screen
-                         (learner.action_match.action_score: 1 the same, 0.5 its type, 0.1 another type), NaN
+                         (learner.data.action_match.action_score: 1 the same, 0.5 its type, 0.1 another type), NaN
                          where no label was asked: online RL's step reward (UI-S1's, here online).
 
-Both row kinds are trained with the demonstrations from the SFT model each round (learner.stages "dagger" and
+Both row kinds are trained with the demonstrations from the SFT model each round (learner.algorithms.stages "dagger" and
 "self_imitation"), never by fine-tuning the drifting policy further.
 """
 
@@ -26,8 +26,8 @@ import polars as pl
 
 from core.object_store import Location
 from lake.tables import EPISODES, STEPS, scan, table_uri
-from learner.action_match import action_score, expert_action
-from learner.training_tables import SFT_COLUMNS, table_versions
+from learner.data.action_match import action_score, expert_action
+from learner.data.tables import SFT_COLUMNS, table_versions
 
 TEACHER_COLUMNS = ["teacher_action_type", "teacher_action_x", "teacher_action_y", "teacher_action_text",
                    "teacher_action_key", "teacher_thought", "teacher_box"]  # fmt: skip

@@ -2,7 +2,7 @@
 
 Starting from the SFT model (also the frozen reference), each update is
 
-    L = AWR + dpo_weight * DPO + lambda_rel * L_relevance                 (learner.rl_losses)
+    L = AWR + dpo_weight * DPO + lambda_rel * L_relevance                 (learner.algorithms.rl_losses)
     AWR: every logged step's tokens, weighted by w = curation weight * min(exp(A / tau), w_max),
          A = the episode's score (processors.scoring) minus the mean score of its task's logged episodes
     DPO: pairs (a success, a failure) of the same task and seed: the failure's trajectory log-ratio to the
@@ -14,7 +14,7 @@ Starting from the SFT model (also the frozen reference), each update is
 AWR alone only re-weights imitation (a failure's weight is small but positive); the DPO term is what
 pushes probability away from the actions that led to dead ends. A model's rollout is scored on the
 tokens it generated (recorded at the edge), a demonstration on its thought and action's tokenisation.
-Checkpointed and resumable like SFT (learner.training_run).
+Checkpointed and resumable like SFT (learner.algorithms.training_run).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ import numpy as np
 import polars as pl
 import torch
 
-from learner import distributed
-from learner.checkpoints import load_vla
-from learner.config import VLATrainConfig
-from learner.dataset import VLADataset
-from learner.policy_logprobs import grammar_masks, token_logprobs
-from learner.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss, episode_advantages
-from learner.training_run import VLAResult, lr_at, open_run
-from learner.vla import VLA, target_patch_nll
+from learner.algorithms import distributed
+from learner.algorithms.policy_logprobs import grammar_masks, token_logprobs
+from learner.algorithms.rl_losses import awr_loss, awr_weights, baseline_advantages, dpo_loss, episode_advantages
+from learner.algorithms.training_run import VLAResult, lr_at, open_run
+from learner.data.dataset import VLADataset
+from learner.model.checkpoints import load_vla
+from learner.model.vla import VLA, target_patch_nll
+from learner.recipe import VLATrainConfig
 from policy.pruning import keep_count
 
-# Beyond learner.training_tables.SFT_COLUMNS: what the offline stage reads of each logged step.
+# Beyond learner.data.tables.SFT_COLUMNS: what the offline stage reads of each logged step.
 ROLLOUT_COLUMNS = ["tokens", "seed", "score", "success", "weight"]
 
 
@@ -129,13 +129,14 @@ def train_offline_rl(
     for step in range(run.start_step, end):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train)
-        # Every process draws the same global batch and trains on its rows (learner.distributed).
+        # Every process draws the same global batch and trains on its rows (learner.algorithms.distributed).
         idx = distributed.local_rows(rng.integers(0, len(data), size=train.batch_size))
         batch = data.batch(idx)
         masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
         logp, _, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), _, (B, T), (B, N)
         targets = torch.where(teach[idx], batch["target_patch"], torch.full_like(batch["target_patch"], -1))
-        # Means over this process's tokens, rows and pairs, weighted into the global batch's (learner.distributed).
+        # Means over this process's tokens, rows and pairs, weighted into the global batch's
+        # (learner.algorithms.distributed).
         share = distributed.share
         total = awr_loss(logp, weights[idx], mask) * share(mask.sum())
         total = total + train.relevance_weight * target_patch_nll(relevance, targets) * share((targets >= 0).sum())

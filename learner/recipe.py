@@ -22,7 +22,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 @dataclass(frozen=True)
 class Augmentation:
-    """How far a batch's random training views (learner.augment.random_view) may stray; all 0: none."""
+    """How far a batch's random training views (learner.data.augment.random_view) may stray; all 0: none."""
 
     shift_px: int = 0
     """Largest random shift in pixels, each axis."""
@@ -74,10 +74,10 @@ class VLATrainConfig:
     map_balance: str = "tasks"
     """How map-only steps draw their click steps: "tasks" a click task uniformly, then one of its click steps, or
     "loss" a task with probability half uniform and half proportional to its running map NLL
-    (learner.dataset.TaskLossWeights; kept in the checkpoint), so the map's samples go where it is still wrong
+    (learner.data.dataset.TaskLossWeights; kept in the checkpoint), so the map's samples go where it is still wrong
     rather than to tasks it already solves. One process only (its weights follow that process's rows)."""
     augment_shift_px: int = 0
-    """Training views (learner.augment): largest random shift in pixels, each axis; 0: none."""
+    """Training views (learner.data.augment): largest random shift in pixels, each axis; 0: none."""
     augment_scale: float = 0.0
     """Training views: largest relative zoom about the centre (0.08: 92 %-108 %); 0: none."""
     augment_colour: float = 0.0
@@ -109,7 +109,7 @@ class VLATrainConfig:
 @dataclass(frozen=True)
 class VLARecipe:
     model: dict = field(default_factory=dict)
-    """VLAConfig fields of a fresh model (learner.vla); vocab_size and bin_px come from the tokenizer."""
+    """VLAConfig fields of a fresh model (learner.model.vla); vocab_size and bin_px come from the tokenizer."""
     pruning: PruningConfig = field(default_factory=PruningConfig)
     vocab_size: int = 1024
     """Size of the locally trained tokenizer's vocabulary, action tokens included."""

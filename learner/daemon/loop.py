@@ -10,16 +10,16 @@ publishes a signed version every N new episodes or T minutes, and never makes th
     updates (a fixed-weight BC term on that same data) may refine each retrained model before the next
     retrain starts from SFT again
     curriculum "rl" (issue 23's): SFT done, failures logged -> offline RL once (AWR + DPO); afterwards
-                                 online RL: one PPO update (learner.online_rl) per batch of fresh rollouts,
+                                 online RL: one PPO update (learner.algorithms.online_rl) per batch of fresh rollouts,
                                  the episodes the fleet produced since the last publish plus those of the
                                  `replay_versions` - 1 versions before (a replay with a bounded version lag),
                                  guided towards SFT with a beta that anneals over the environment steps taken
 
-Every stage is trained through learner.stages.run_stage, the dispatcher the curriculum experiment uses too;
+Every stage is trained through learner.algorithms.stages.run_stage, the dispatcher the curriculum experiment uses too;
 each version's stage diagnostics (KLs, clip fraction, entropy, ...) are in its state entry and the metrics.
 
 The fleet keeps acting with whatever version it has while the learner trains; a new version reaches it
-through the model-versions topic (canary first when configured, learner.publish). The daemon's progress
+through the model-versions topic (canary first when configured, learner.daemon.publish). The daemon's progress
 (the SFT reference, the current checkpoint, every published version, the stage in progress) is in
 DATA/learner/daemon/state.json: a restarted daemon continues the curriculum where it stopped, and a stage killed
 mid-way resumes from its last checkpoint (every `checkpoint_every` steps) on the table versions it pinned, rather
@@ -41,20 +41,20 @@ from core.object_store import Location
 from core.settings import Settings
 from lake.pins import pinned
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, scan, table_uri
-from learner import metrics
-from learner.config import VLARecipe, VLATrainConfig
-from learner.daemon_config import DaemonConfig
-from learner.publish import publish_artifact
-from learner.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
-from learner.teacher_labels import (
+from learner.algorithms.stages import StageData, StageRun, repeated, retrain_steps, run_stage, with_extra
+from learner.algorithms.training_run import VLAResult
+from learner.daemon import metrics
+from learner.daemon.daemon_config import DaemonConfig
+from learner.daemon.publish import publish_artifact
+from learner.data.tables import load_rollouts, load_samples, table_versions
+from learner.data.teacher_labels import (
     label_count,
     load_filtered_successes,
     load_teacher_labels,
     load_verified_successes,
 )
-from learner.training_run import VLAResult
-from learner.training_tables import load_rollouts, load_samples, table_versions
-from learner.vla_export import export_bundle
+from learner.model.export import export_bundle
+from learner.recipe import VLARecipe, VLATrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def rl_train_config(recipe: VLARecipe, config: DaemonConfig) -> VLATrainConfig:
 def retrain_run(stage: str, recipe: VLARecipe, config: DaemonConfig, sft_checkpoint: str, out_dir: Path,
                 steps: int) -> StageRun:  # fmt: skip
     """A retrain (dagger, self_imitation) from the SFT model: `steps` at rl_lr. One builder, so the no-fleet twin
-    (learner.twin) trains exactly as the version it is the twin of (its steps read from the version's manifest),
+    (learner.daemon.twin) trains exactly as the version it is the twin of (its steps read from the version's manifest),
     on other data."""
     train = replace(rl_train_config(recipe, config), steps=steps)
     return StageRun(stage, train, out_dir, reference=sft_checkpoint, recipe=recipe)

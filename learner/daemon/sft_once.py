@@ -1,6 +1,6 @@
 """One learner run: read Delta, train the VLA by SFT (warm-started from the previous version), publish.
 
-Under `torchrun --nproc_per_node P -m flywheel.cli sft ...` the SFT is data-parallel (learner.distributed)
+Under `torchrun --nproc_per_node P -m flywheel.cli sft ...` the SFT is data-parallel (learner.algorithms.distributed)
 and rank 0 alone exports and publishes."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 from core.metrics import await_scrape
 from core.settings import Settings
 from lake.pins import pinned
-from learner import distributed, metrics
-from learner.config import LearnConfig
-from learner.publish import publish_artifact
-from learner.sft import train_vla
-from learner.training_run import VLAProgress
-from learner.training_tables import load_samples, table_versions
-from learner.vla_export import export_bundle
+from learner.algorithms import distributed
+from learner.algorithms.sft import train_vla
+from learner.algorithms.training_run import VLAProgress
+from learner.daemon import metrics
+from learner.daemon.publish import publish_artifact
+from learner.data.tables import load_samples, table_versions
+from learner.model.export import export_bundle
+from learner.recipe import LearnConfig
 from registry.store import read_manifest, resolve_model
 from streams.model_versions import latest_by_channel
 

@@ -75,7 +75,8 @@ def load_rollouts(
 
 
 def load_trajectories(tables_dir: Location, versions: dict[str, int] | None = None) -> pl.DataFrame:
-    """The demonstrations as expert trajectories for semi-online RL and SOP (learner.semi_online): SFT_COLUMNS
+    """The demonstrations as expert trajectories for semi-online RL and SOP (learner.algorithms.semi_online):
+    SFT_COLUMNS
     + target_box, in episode and step order. Curation keeps only successful demonstrations, so every trajectory
     reaches its goal."""
     return load_samples(tables_dir, ("demo",), versions).select(*SFT_COLUMNS, "target_box").sort("episode_id", "step")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learner.vla import VLA
+from learner.model.vla import VLA
 from policy.pruning import MAP_TOP_CELLS, PruningConfig, keep_count, patch_prior, select_patches
 from policy.runtime import StepTiming
 from policy.sampling import Generation, generate

@@ -2,7 +2,7 @@
 
 `VLADataset` decodes a frame's screenshots, pruning priors and token sequences (prompt, thought + action, or
 a rollout's generated ids); `batch` turns sampled rows into the model's tensors, through random views
-(learner.augment) when asked. `tokenizer_corpus` is what a fresh model's BPE is trained on.
+(learner.data.augment) when asked. `tokenizer_corpus` is what a fresh model's BPE is trained on.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from learner.augment import random_view
-from learner.config import Augmentation
-from learner.vla import IGNORE, VLAConfig, target_patch_index
+from learner.data.augment import random_view
+from learner.model.vla import IGNORE, VLAConfig, target_patch_index
+from learner.recipe import Augmentation
 from policy.pruning import PruningConfig, patch_prior
 from policy.screen import POSITIONAL_TYPES, SCREEN_H, SCREEN_W, decode_png
 from policy.tokens import ActionTokenizer, char_ids, short_thought
@@ -27,7 +27,7 @@ MAP_BALANCES = ("tasks", "loss")
 class VLADataset:
     """Demonstration steps, decoded once: screenshots (M, 210, 160, 3) uint8, pruning priors, token sequences.
 
-    `batch` with an active Augmentation draws a fresh view (learner.augment) of every sampled step: its
+    `batch` with an active Augmentation draws a fresh view (learner.data.augment) of every sampled step: its
     screenshot and previous frame are warped alike, the prior is recomputed from them and a click target's
     coordinate tokens and target patch follow the pixels."""
 
@@ -51,7 +51,7 @@ class VLADataset:
         # whose history holds the expert's action where a step was patched).
         histories: list[list[Action]] = []
         # A teacher-labelled row's target is the teacher's action, but the history the next steps' prompts hold is
-        # the action the policy took there (taken_*, learner.teacher_labels); a row without one took its target.
+        # the action the policy took there (taken_*, learner.data.teacher_labels); a row without one took its target.
         explicit = frame["prompt"].to_list() if "prompt" in frame.columns else [None] * frame.height
         taken: list[Action] = []
         for i, row in enumerate(frame.iter_rows(named=True)):
@@ -71,7 +71,7 @@ class VLADataset:
             self.prompt.append(prompt)
             self.generated.append(list(row.get("tokens") or []))
         # The element a click aims at (left, top, right, bottom), where the expert recorded it: every bin of it is a
-        # right answer for a click-map model (learner.vla.click_map_nll); without it, the clicked bin alone.
+        # right answer for a click-map model (learner.model.vla.click_map_nll); without it, the clicked bin alone.
         boxes = frame["target_box"].to_list() if "target_box" in frame.columns else [None] * frame.height
         self.boxes = [tuple(b) if b is not None and len(b) == 4 else None for b in boxes]
         # The rows a batch may train on: all but the context rows before a teacher's label (`train` false).
@@ -94,7 +94,7 @@ class VLADataset:
 
     def sample(self, rng: np.random.Generator, size: int, balance: str = "rows",
                clicks_only: bool = False, task_weights: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-        """(size,) trainable rows drawn with replacement, as `balance` says (learner.config.VLATrainConfig):
+        """(size,) trainable rows drawn with replacement, as `balance` says (learner.recipe.VLATrainConfig):
         "rows" uniformly (the same draws as before context rows existed when every row is trainable: a seeded
         run's weights do not change), "tasks" a task uniformly, then one of its rows, "episodes" a task with
         probability proportional to its mean episode length, then one of its rows. `clicks_only`: rows whose

@@ -3,7 +3,7 @@
 A click matches when it falls inside the reference target's element box (recorded by the experts and the
 teacher), or within CLICK_TOLERANCE_PX of its point when no box was recorded; typed text matches case- and
 space-insensitively; a key by name; a scroll by direction. Semi-online RL, SOP and the teacher's step reward
-(learner.teacher_labels.teacher_agreement) all match this one way.
+(learner.data.teacher_labels.teacher_agreement) all match this one way.
 """
 
 from __future__ import annotations

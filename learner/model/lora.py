@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from learner.vla import VLA
+from learner.model.vla import VLA
 
 
 def apply_lora(model: VLA, rank: int, alpha: float) -> VLA:

@@ -2,14 +2,14 @@
 
 Every batch: B steps sampled with replacement as `balance` says, or task-balanced click steps on a click-map
 model's map-only steps (B is the global batch: under torchrun each process trains on its slice,
-learner.distributed), one keep ratio drawn from `keep_ratios`
+learner.algorithms.distributed), one keep ratio drawn from `keep_ratios`
 (the model is trained with pruning on, and sees the unpruned screen too, so one set of weights serves
-both edge variants), loss = learner.vla.vla_loss. The run is a learner.training_run.TrainingRun: its
+both edge variants), loss = learner.model.vla.vla_loss. The run is a learner.algorithms.training_run.TrainingRun: its
 checkpoints hold model, optimiser, sampler state and step, so a killed run resumes where it stopped and
 ends with the same weights as an uninterrupted one.
 
 LoRA (peft) adapters can replace full fine-tuning of the decoder for warm-started runs
-(`lora_rank > 0`, learner.lora).
+(`lora_rank > 0`, learner.model.lora).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from learner import distributed
-from learner.checkpoints import load_vla
-from learner.config import VLARecipe, VLATrainConfig
-from learner.dataset import MAP_BALANCES, TaskLossWeights, VLADataset, tokenizer_corpus
-from learner.lora import apply_lora
-from learner.training_run import VLAProgress, VLAResult, lr_at, open_run
-from learner.vla import VLA, VLAConfig, click_map_loss, click_map_nll, click_map_row_nll, vla_loss
+from learner.algorithms import distributed
+from learner.algorithms.training_run import VLAProgress, VLAResult, lr_at, open_run
+from learner.data.dataset import MAP_BALANCES, TaskLossWeights, VLADataset, tokenizer_corpus
+from learner.model.checkpoints import load_vla
+from learner.model.lora import apply_lora
+from learner.model.vla import VLA, VLAConfig, click_map_loss, click_map_nll, click_map_row_nll, vla_loss
+from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import PruningConfig, keep_count
 from policy.tokens import ActionTokenizer, train_tokenizer
 
@@ -44,7 +44,7 @@ def train_vla(
     progress: Callable[[VLAProgress], None] | None = None,
     stop_at: int | None = None,
 ) -> VLAResult:
-    """Train the VLA on `frame` (columns of learner.training_tables.SFT_COLUMNS) with `recipe.train` and write
+    """Train the VLA on `frame` (columns of learner.data.tables.SFT_COLUMNS) with `recipe.train` and write
     out_dir/vla_checkpoint.pt.
 
     Resumes from out_dir's checkpoint when there is one. Otherwise starts from `init_checkpoint` (its
@@ -86,7 +86,8 @@ def train_vla(
             group["lr"] = lr
         keep = keep_count(model.cfg.num_patches, float(rng.choice(config.keep_ratios)))
         map_only = model.cfg.click_map and is_map_only_step(step, config.map_only_fraction)
-        # Under torchrun every process draws the same global batch and trains on its slice (learner.distributed).
+        # Under torchrun every process draws the same global batch and trains on its slice
+        # (learner.algorithms.distributed).
         task_weights = map_weights.probabilities() if map_only and map_weights is not None else None
         idx = data.sample(rng, config.batch_size, config.balance, clicks_only=map_only, task_weights=task_weights)
         batch = distributed.local_slice(data.batch(idx, rng, augmentation))
@@ -149,7 +150,7 @@ def sft_loss(
     config: VLATrainConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, token NLL, click or relevance NLL) of a full forward pass: the click map's loss for a click-map
-    model, else the pointer model's (learner.vla)."""
+    model, else the pointer model's (learner.model.vla)."""
     if click_map is not None:
         return click_map_loss(logits, batch["labels"], click_map, batch["positives"], model.coordinate_ids,
                               config.map_weight)  # fmt: skip

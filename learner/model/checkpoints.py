@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from learner.config import VLATrainConfig
-from learner.lora import apply_lora, merge_lora
-from learner.vla import VLA, VLAConfig
+from learner.model.lora import apply_lora, merge_lora
+from learner.model.vla import VLA, VLAConfig
+from learner.recipe import VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.tokens import ActionTokenizer
 

@@ -47,7 +47,7 @@ from onnx import numpy_helper
 from torch import nn
 from torch.onnx.symbolic_helper import _optional_input_placeholder_tensor
 
-from learner.vla import MEMBERSHIP, VLA
+from learner.model.vla import MEMBERSHIP, VLA
 from policy.bundle import BUNDLE_FORMAT, GRAPHS, WEIGHTS, read_members, write_bundle
 from policy.pruning import PruningConfig
 from policy.runtime import cache_names, membership

@@ -72,7 +72,7 @@ def published(stage: str, version: str, at: float, evals: dict[str, float]) -> N
 
 
 def stage_diagnostics(stage: str, diagnostics: dict) -> None:
-    """The numeric diagnostics of the update a version came from (learner.stages)."""
+    """The numeric diagnostics of the update a version came from (learner.algorithms.stages)."""
     for name, value in diagnostics.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
             UPDATE_DIAGNOSTIC.labels(stage, name).set(value)

@@ -26,7 +26,7 @@ min(pi_old / mu, ratio_cap):
 beta(n) = beta for `beta_warmup_env_steps` environment steps of online rollouts, then linearly to 0 over
 `beta_anneal_env_steps` (Poyarkov, Staroverov and Panov, 2026, count them in environment steps; the caller
 says how many the online stage has taken). L_relevance keeps the pruning relevance on the clicks of
-successful rollouts (learner.vla.target_patch_nll), as SFT does: the trunk under it moves.
+successful rollouts (learner.model.vla.target_patch_nll), as SFT does: the trunk under it moves.
 
 One call is one PPO update over one batch of rollouts (`epochs` passes of minibatches, constant learning
 rate); the optimizer state carries over between calls through the checkpoint in out_dir. Rows of groups
@@ -44,13 +44,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from learner import distributed
-from learner.checkpoints import load_vla
-from learner.config import VLATrainConfig
-from learner.daemon_config import Guidance
-from learner.dataset import VLADataset
-from learner.policy_logprobs import action_positions, grammar_masks, token_logprobs
-from learner.rl_losses import (
+from learner.algorithms import distributed
+from learner.algorithms.policy_logprobs import action_positions, grammar_masks, token_logprobs
+from learner.algorithms.rl_losses import (
     databc_loss,
     entropy_over_support,
     guidance_beta,
@@ -59,9 +55,13 @@ from learner.rl_losses import (
     state_value_advantages,
     weigh_failures,
 )
-from learner.teacher_labels import teacher_agreement
-from learner.training_run import VLAResult, open_run
-from learner.vla import IGNORE, target_patch_nll
+from learner.algorithms.training_run import VLAResult, open_run
+from learner.daemon.daemon_config import Guidance
+from learner.data.dataset import VLADataset
+from learner.data.teacher_labels import teacher_agreement
+from learner.model.checkpoints import load_vla
+from learner.model.vla import IGNORE, target_patch_nll
+from learner.recipe import VLATrainConfig
 from policy.pruning import keep_count
 
 
@@ -107,7 +107,7 @@ class OnlineRLConfig:
     """anchor: weight of the demonstrations' and teacher labels' NLL, the same at every update."""
     teacher_reward: float = 0.2
     """Step reward of a teacher-labelled step: this times (agreement - 0.5), agreement = action_score of the step's
-    action against the label (1 the same, 0.5 its type, 0.1 another type; learner.teacher_labels)."""
+    action against the label (1 the same, 0.5 its type, 0.1 another type; learner.data.teacher_labels)."""
 
 
 def task_weights(recent: dict[str, list[bool]], window: int = 4, floor: float = 0.1) -> np.ndarray:
@@ -228,7 +228,9 @@ def ppo_update(
             break
         rows_per_step = rl.minibatch_rows or train.batch_size
         for minibatch in np.array_split(rng.permutation(informative), max(1, len(informative) // rows_per_step)):
-            chunk = distributed.local_rows(minibatch)  # this process's rows of the minibatch (learner.distributed)
+            chunk = distributed.local_rows(
+                minibatch
+            )  # this process's rows of the minibatch (learner.algorithms.distributed)
             batch = data.batch(chunk)
             masks = grammar_masks(tok, batch["labels"], model.cfg.max_thought_tokens)
             logp, logp_all, mask, relevance = token_logprobs(model, batch, masks, keep)  # (B, T), (B, T, V), (B, T)

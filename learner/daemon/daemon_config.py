@@ -1,4 +1,4 @@
-"""The learner daemon's settings (`flywheel learner`, learner.daemon): when it trains, what, and for how long.
+"""The learner daemon's settings (`flywheel learner`, learner.daemon.loop): when it trains, what, and for how long.
 
 A module of its own, free of torch and polars, so that the runs that start a daemon (`flywheel demo`, `flywheel
 chaos`) hold its config in theirs and derive its command line from it (core.cli_config.config_argv) without
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Guidance = Literal["none", "refkl", "databc", "anchor"]
-"""Online RL's offline guidance (learner.online_rl): none, KL to the SFT reference, the demonstrations' NLL
+"""Online RL's offline guidance (learner.algorithms.online_rl): none, KL to the SFT reference, the demonstrations' NLL
 annealed, or the NLL of the demonstrations and teacher labels at a fixed weight."""
 
 
@@ -22,7 +22,7 @@ class DaemonConfig:
     sft_steps: int = 0
     """Optimizer steps of the SFT stage (0: the recipe's)."""
     start_from: str = ""
-    """A trained model's weights (learner.checkpoints.save_weights, e.g. release/model.pt): the first version is
+    """A trained model's weights (learner.model.checkpoints.save_weights, e.g. release/model.pt): the first version is
     this model fine-tuned on the demonstrations, sft_steps at rl_lr like a retrain, instead of a fresh model of the
     recipe ("": fresh). Its architecture and tokenizer are the start's; the recipe gives the training settings."""
     min_demos: int = 20
@@ -61,7 +61,7 @@ class DaemonConfig:
     tokens (the fleet's --top-k; never a draw over every token)."""
     new_tasks: tuple[str, ...] = ()
     """supervised: tasks nobody demonstrated; each retrain adds the fleet's verified successes on them (filtered BC,
-    each seed's shortest, whatever temperature drew it: learner.teacher_labels.filtered_successes)."""
+    each seed's shortest, whatever temperature drew it: learner.data.teacher_labels.filtered_successes)."""
     new_task_copies: int = 4
     """supervised: copies of each of those successes in a retrain: a few verified rows beside thousands of
     demonstration rows are otherwise a rounding error in the loss (with retrain_passes 4, each is seen 16 times)."""

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner import distributed
-from learner.checkpoints import CHECKPOINT_NAME, resume_checkpoint, save_checkpoint
-from learner.config import VLATrainConfig
-from learner.lora import merge_lora
-from learner.vla import VLA
+from learner.algorithms import distributed
+from learner.model.checkpoints import CHECKPOINT_NAME, resume_checkpoint, save_checkpoint
+from learner.model.lora import merge_lora
+from learner.model.vla import VLA
+from learner.recipe import VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.tokens import ActionTokenizer
 
@@ -59,7 +59,7 @@ class VLAResult:
     cpu_s: float
     num_parameters: int
     diagnostics: dict = field(default_factory=dict)
-    """What the stage reports of its update (learner.stages): KLs, clip fraction, entropy, ..."""
+    """What the stage reports of its update (learner.algorithms.stages): KLs, clip fraction, entropy, ..."""
 
 
 @dataclass

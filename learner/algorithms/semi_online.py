@@ -8,10 +8,10 @@ ends it. The mismatched sample stays in the batch with its low reward. No enviro
 The policy's history is its prompt's record of the episode's earlier actions (VLAConfig.history_actions):
 its own where they matched, the expert's where a step was patched; each row keeps the exact prompt it was
 sampled from (`prompt`), so the update scores the tokens under what the policy saw. The previous frame its
-pruning prior reads is always the expert's. Rewards, returns and advantages: learner.rl_losses
+pruning prior reads is always the expert's. Rewards, returns and advantages: learner.algorithms.rl_losses
 (semi_online_step_reward, semi_online_returns, semi_online_advantages, informative_groups).
 
-Matching (learner.action_match): a click inside the expert target's element box (StepEvent.target_box), or near
+Matching (learner.data.action_match): a click inside the expert target's element box (StepEvent.target_box), or near
 its point when none was recorded; the same text, key or scroll direction.
 
 SOP (semi-online performance): the greedy policy on each expert trajectory, stopping at its first mismatch;
@@ -27,14 +27,14 @@ import numpy as np
 import polars as pl
 import torch
 
-from learner.action_match import action_matches, action_score, expert_action
-from learner.augment import random_view
-from learner.rl_losses import (
+from learner.algorithms.rl_losses import (
     informative_groups,
     semi_online_advantages,
     semi_online_returns,
     semi_online_step_reward,
 )
+from learner.data.action_match import action_matches, action_score, expert_action
+from learner.data.augment import random_view
 from policy.sampling import GREEDY, Sampling
 from policy.screen import POSITIONAL_TYPES, decode_png, encode_png
 from policy.tokens import ParseError
@@ -66,7 +66,7 @@ class SemiOnlineConfig:
     kl_beta: float = 0.01
     """The small KL to the SFT reference that keeps the update near it (constant, never annealed)."""
     view_shift_px: int = 0
-    """> 0: each trajectory's rollouts see it through one random view (learner.augment: shift up to this many
+    """> 0: each trajectory's rollouts see it through one random view (learner.data.augment: shift up to this many
     pixels, zoom 1 +- view_scale, colour jitter view_colour), the expert's click and box moved with the
     pixels. A model that replays its own demonstrations exactly gives flat groups there; on a new view
     it does not. 0 with view_scale and view_colour 0: the recorded screens."""
@@ -214,10 +214,10 @@ def semi_online_update(expert: pl.DataFrame, train, config: SemiOnlineConfig, st
     refilled until `config.trajectories` groups are informative or every trajectory was tried once; their
     advantages; one PPO update with a constant small KL to the SFT reference. Returns (VLAResult, {"rollout_steps",
     "matched", "trained_steps", "groups_tried", "groups_informative", "cursor"})."""
-    from learner import distributed
-    from learner.checkpoints import CHECKPOINT_NAME, load_vla
-    from learner.online_rl import OnlineRLConfig, ppo_update
-    from learner.vla_export import export_bundle
+    from learner.algorithms import distributed
+    from learner.algorithms.online_rl import OnlineRLConfig, ppo_update
+    from learner.model.checkpoints import CHECKPOINT_NAME, load_vla
+    from learner.model.export import export_bundle
     from policy.runtime import VLARuntime
 
     out = Path(out_dir)
