@@ -53,8 +53,10 @@ def arms_fleet() -> EdgeConfig:
 
 
 def arms_learner() -> DaemonConfig:
-    """The retrains: the main job's learner (the release recipe, at least 200 steps at rl_lr, 4 copies)."""
-    return DaemonConfig(recipe="release", retrain_steps=200, new_tasks=NEW_TASKS)
+    """The retrains: the main job's learner (the release recipe, at least 200 steps at rl_lr, 4 copies), from the
+    release itself: the first version every arm and twin starts from and is compared with."""
+    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), retrain_steps=200,
+                        new_tasks=NEW_TASKS)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,6 @@ class ArmsConfig:
     """The arms to run, in order (an arm runs after the one it starts from)."""
     training_seeds: int = 3
     """Training seeds: each its own exploration seeds, sampling and batches; every arm and twin once per seed."""
-    start_from: Path = RELEASE_DIR / "model.pt"
-    """The first version: every arm and twin starts from it and is compared with it."""
     demos_per_task: int = 20
     """Expert demonstrations per suite task (seeds 0..): what every retrain and twin replays."""
     seeds_per_task: int = 12
@@ -94,7 +94,8 @@ class ArmsConfig:
     fleet: EdgeConfig = field(default_factory=arms_fleet)
     """The exploration: the new tasks, K runs a seed, the ladder, the search's steps."""
     learner: DaemonConfig = field(default_factory=arms_learner)
-    """The retrains and twins: recipe, rl_lr, online_lr, retrain_steps and _passes, new_task_copies."""
+    """The start (start_from) and the retrains and twins: recipe, rl_lr, online_lr, retrain_steps and _passes,
+    new_task_copies."""
     settings: ArmSettings = field(default_factory=ArmSettings)
     """Each arm's own settings."""
 
@@ -106,7 +107,7 @@ NOT_ARMS_FLAGS = tuple(f"fleet.{name}" for name in (
     "bootstrap_expert", "temperature", "top_k", "metrics_port", "summary_path", "stop_after_s", "spool_timeout_s",
     "ledger_path", "teacher", "seed",
 )) + tuple(f"learner.{name}" for name in (
-    "sft_steps", "start_from", "min_demos", "every_episodes", "every_minutes", "min_new_episodes", "poll_s",
+    "sft_steps", "min_demos", "every_episodes", "every_minutes", "min_new_episodes", "poll_s",
     "offline_steps", "guidance", "replay_versions", "curriculum", "rl_updates_per_retrain", "self_imitation_top_k",
     "new_tasks", "max_versions", "stop_after_s",
 ))  # fmt: skip
@@ -139,8 +140,8 @@ def check_arms_config(config: ArmsConfig) -> None:
         raise ValueError("training_seeds, seeds_per_task, eval_episodes and best_of_k must be >= 1")
     if EXPLORE_SEED + config.training_seeds * SEED_STRIDE > EVAL_SEED or config.seeds_per_task > SEED_STRIDE:
         raise ValueError("the training seeds' exploration would reach the evaluation seeds")
-    if not config.start_from.exists():
-        raise ValueError(f"start_from: no model at {config.start_from}")
+    if not Path(config.learner.start_from).is_file():
+        raise ValueError(f"start_from: no model at {config.learner.start_from!r}")
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class ArmContext:
         self.config, self.shared, self.seed = config, shared, seed
         self.tasks: tuple[str, ...] = config.fleet.new_tasks
         self.copies = config.learner.new_task_copies  # each kept success's copies in a retrain
-        self.start, self.demos = str(config.start_from), shared.demos
+        self.start, self.demos = config.learner.start_from, shared.demos
         self.recipe = VLARecipe.load(config.learner.recipe, progress_bar=False)
         self.seed_dir = config.out / f"seed-{seed}"
         self.results: dict[str, Trained] = {}
@@ -374,8 +375,8 @@ def run_arms(config: ArmsConfig) -> dict:
     try:
         shared = Shared(config, env)
         if not (shared.dir / "model-start.vla").exists():
-            export_bundle(*load_vla(config.start_from), shared.dir / "model-start.vla")
-        shared.evaluate(str(config.start_from), "start", shared.dir)
+            export_bundle(*load_vla(config.learner.start_from), shared.dir / "model-start.vla")
+        shared.evaluate(config.learner.start_from, "start", shared.dir)
         shared.best_of_k()
         write_report(config, shared)
         for seed in range(config.training_seeds):
