@@ -53,10 +53,11 @@ def arms_fleet() -> EdgeConfig:
 
 
 def arms_learner() -> DaemonConfig:
-    """The retrains: the main job's learner (the release recipe, at least 200 steps at rl_lr, 4 copies), from the
-    release itself: the first version every arm and twin starts from and is compared with."""
-    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), retrain_steps=200,
-                        new_tasks=NEW_TASKS)  # fmt: skip
+    """The retrains: the main job's learner (the release recipe at rl_lr, 4 copies of each kept success) from the
+    release itself, the first version every arm and twin starts from and is compared with; every retrain 400 steps
+    whatever its rows (retrain_passes 0), so every arm trains as long as the one twin of its training seed."""
+    return DaemonConfig(recipe="release", start_from=str(RELEASE_DIR / "model.pt"), retrain_steps=400,
+                        retrain_passes=0.0, new_tasks=NEW_TASKS)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,8 @@ class ArmsConfig:
     """Training seeds: each its own exploration seeds, sampling and batches; every arm and twin once per seed."""
     demos_per_task: int = 20
     """Expert demonstrations per suite task (seeds 0..): what every retrain and twin replays."""
-    seeds_per_task: int = 12
-    """Training seeds explored per new task and training seed."""
+    seeds_per_task: int = 40
+    """Training seeds explored per new task and training seed (the fleet's loop there costs ~1-3 s a seed)."""
     eval_episodes: int = 200
     """Held-out seeds per new task (EVAL_SEED..), greedy, for every model."""
     suite_episodes: int = 20
