@@ -1,4 +1,4 @@
-"""Recovery-rich demonstrations (DART, Laskey et al. 2017; issue 44.4): the expert acts with noise, and every
+"""Recovery-rich demonstrations (DART, Laskey et al. 2017): the expert acts with noise, and every
 state it reaches is labelled with its clean action.
 
 A demonstration without mistakes never shows the states a policy reaches after one, so the policy never learns

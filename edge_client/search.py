@@ -1,4 +1,4 @@
-"""Search from the policy's own failures (issue 44.2): successes the policy can distil, found without a demonstration.
+"""Search from the policy's own failures: successes the policy can distil, found without a demonstration.
 
 Where the policy failed a (task, seed), the search resets the same seed, replays the failed episode's prefix, takes
 one of the policy's other likely actions at a failing step, and lets the policy itself (or, within a budget of
@@ -15,7 +15,7 @@ screen that differs from the recorded one (beyond the rasteriser's noise) stops 
 its successes would not be the policy's states. Evaluation seeds are never searched.
 
 `continue_by_teacher` is the same replay with no candidate: the teacher's own trajectory from a step of the
-policy's episode, DAgger's labels with a history the teacher would have produced (issue 44.3).
+policy's episode, DAgger's labels with a history the teacher would have produced.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def search_failure(env: Env, policy, failed: EpisodeResult, budget: SearchBudget
         previous = failed.records[j - 1].obs.screenshot if j else None
         history, action = [d.action for d in taken[:j]], taken[j].action
         # With a teacher to finish, a noop is no alternative: the teacher would solve the failing screen behind it,
-        # labels the greedy policy never reaches (122 of 147 such successes in issue 44's first fixed run).
+        # labels the greedy policy never reaches (122 of 147 such successes in a measured run).
         skip = ("noop",) if teacher is not None else ()
         for candidate in candidate_actions(policy, record.obs, previous, history, action, budget, rng, skip):
             if out.simulations >= budget.simulations:
@@ -210,7 +210,7 @@ def reproduced(branch: Branch, failed: EpisodeResult) -> bool:
 
 def continue_by_teacher(env: Env, policy, episode: EpisodeResult, at: int, teacher: Policy,
                         max_steps: int = 10) -> EpisodeResult | None:  # fmt: skip
-    """The teacher's own trajectory from step `at` of `episode` (issue 44.3): the same seed reset, the policy's
+    """The teacher's own trajectory from step `at` of `episode`: the same seed reset, the policy's
     actions before `at` replayed, then the teacher to the end. Its steps from `at` on are labels whose history is
     the teacher's, never the policy's wrong clicks after `at`. None where the reset did not reproduce the
     episode's screens; the caller keeps the result only if it succeeded (a label whose continuation fails is

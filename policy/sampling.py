@@ -6,7 +6,7 @@ Every generated token is drawn from
 
 and its log mu is recorded: the learner's importance ratios pi_theta / mu need the distribution the token
 was actually drawn from, not the model's. Exploration is in the action: the thought (everything before
-<act>, the choice to end it included) is decoded greedily unless `explore_thought` (issue 23: thoughts sampled
+<act>, the choice to end it included) is decoded greedily unless `explore_thought` (thoughts sampled
 at temperature 1 among the top 5 drifted into babble under RL within 20 PPO updates, and the actions read
 after them with it). Greedy decoding is deterministic, so there is no behaviour density to record; a greedy
 token records the model's own log-probability at temperature 1 instead, which is what `behaviour_logprob`

@@ -1,4 +1,4 @@
-"""`flywheel chaos` in small (issues 33, 43): the flywheel on a 3-node cluster with two workers while a worker is
+"""`flywheel chaos` in small: the flywheel on a 3-node cluster with two workers while a worker is
 SIGKILLed, a client's browser is SIGKILLed, a client is SIGKILLed mid-episode and another loses power (itself and its
 browser at once); then the ledger: nothing lost, nothing duplicated, every episode closed once (the killed clients'
 as abandoned), no spool left behind, every fault recovered. A client cut off from every node and bad events are left

@@ -350,7 +350,7 @@ def test_help_runs_for_every_command(commands):
     assert edge.returncode == 0 and out.strip().endswith("[]"), out[-500:] + err[-2000:]
 
 
-# --- every door fuzzed (issue 33): the settings and the flags -----------------------------------------------------
+# --- every door fuzzed: the settings and the flags -----------------------------------------------------
 
 SECRET = "pw-4f9a7c1e-not-for-logs"
 JUNK = ["", " ", "-1", "0", "nan", "1e309", "x" * 300, SECRET, "s3://", "http://", "é\u202e", "[1]", '{"a": 1}', "-",

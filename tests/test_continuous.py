@@ -179,7 +179,7 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     assert greedy["diff"] == pytest.approx(greedy["last"]["success_rate"] - greedy["first"]["success_rate"], abs=1e-3)
     assert greedy["ci"][0] <= greedy["diff"] <= greedy["ci"][1] and greedy["episodes_per_task"] == 3
     assert all(len(seeds) == 3 for seeds in greedy["last"]["success_by_seed"].values())
-    # The last version's no-fleet twin (issue 44): its retrain again, same stage, steps and start, on the
+    # The last version's no-fleet twin: its retrain again, same stage, steps and start, on the
     # demonstrations alone at the table versions the last version pins; greedy on the same seeds, paired.
     twin, paired = report["twin"], report["last_vs_twin"]
     state = json.loads((out / "machines" / "learner" / "home" / "learner" / "daemon" / "state.json").read_text())

@@ -107,7 +107,7 @@ def test_a_tiny_curriculum_runs_every_kind_of_stage_and_resumes(tmp_path):
     assert sft["curve"][0] == online["curve"][0]  # both start from the one shared SFT
     assert online["curve"][-1]["stage"] == "online_rl:none"
     # Online RL pays for its own rollouts; SFT only for the demonstrations. (The offline stage's own test is
-    # tests/test_offline_rl.py: issue 23's offline arms are out of this run, to keep the suite under 30 min.)
+    # tests/test_offline_rl.py: the offline arms are out of this run, to keep the suite under 30 min.)
     assert online["env_steps"] > sft["env_steps"] > 0
     assert (out / "curriculum.png").stat().st_size > 0
     # The online stage steps at its own learning rate, not the SFT and offline stages' rl_lr.

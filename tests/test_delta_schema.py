@@ -1,4 +1,4 @@
-"""A Delta table whose schema was changed under its reader (issue 33: every door fuzzed): the learner's reads and
+"""A Delta table whose schema was changed under its reader (every door fuzzed): the learner's reads and
 the sinks' writes refuse it with an error naming the table and the column, before a wrong value is read or a
 row is cast into a retyped column; a reader pinned to a version from before the change reads on."""
 

@@ -1,4 +1,4 @@
-"""Every door fuzzed (issue 33): what a client loads (a model bundle, its manifest, its signature) is refused with an
+"""Every door fuzzed: what a client loads (a model bundle, its manifest, its signature) is refused with an
 error naming what was wrong, or loads as the model it was, and a client keeps the model it runs.
 
 The event decoder's fuzzing lives in test_poison_pills; the settings and CLI in test_cli_config; the Delta readers

@@ -104,3 +104,13 @@ def test_the_graph_checks_see_a_circle_a_deep_chain_and_an_upward_wing(tmp_path,
     assert longest_chain(graph, "flywheel") == ["flywheel.cli", "flywheel.run.demo", "flywheel.run.fleet",
                                                 "flywheel.run.stack"]  # fmt: skip
     assert wing_violations(graph) == ["flywheel.admin.status imports flywheel.run.stack (wing run is not below admin)"]
+
+
+def test_code_says_why_not_which_ticket():
+    """A comment or docstring names the reason, never an issue or session number (they mean nothing to a newcomer)."""
+    import re
+
+    ticket = re.compile(r"\b(issues?|session)s? \d", re.IGNORECASE)
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted(ROOT.rglob("*.py")) if ".git" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1) if ticket.search(line)]  # fmt: skip
+    assert found == []

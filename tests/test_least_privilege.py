@@ -1,4 +1,4 @@
-"""Least privilege on the broker (issue 33): the local cluster over SASL_SSL (its own CA, TLS 1.2+, SCRAM), each
+"""Least privilege on the broker: the local cluster over SASL_SSL (its own CA, TLS 1.2+, SCRAM), each
 process logged in as its role; every operation a role does not need is refused for every role, and the ones it
 needs work. The whole flywheel over SASL_SSL, each process as its role: tests/test_continuous.py."""
 

@@ -165,5 +165,5 @@ def test_offline_rl_keeps_teaching_the_pruning_relevance(logged, tmp_path):
         result = train_offline_rl(frame, train, OfflineRLConfig(dpo_pairs=2), sft_path, tmp_path / f"w{weight}")
         return relevance_nll(result.model, result.tokenizer, result.pruning)
 
-    # The same run without the term (the stage before issue 23) moves the relevance only through the trunk.
+    # The same run without the term (the stage without the relevance term) moves the relevance only through the trunk.
     assert trained(1.0) < min(trained(0.0), relevance_nll(*load_vla(sft_path))) - 0.05

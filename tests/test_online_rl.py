@@ -197,7 +197,7 @@ def test_an_rl_update_keeps_teaching_the_pruning_relevance(sft, tmp_path):
         rl = OnlineRLConfig(guidance="none", epochs=3)
         return relevance_nll(ppo_update(frame, train, rl, sft_path, sft_path, tmp_path / f"w{weight}").checkpoint_path)
 
-    # The same update without the term (PPO before issue 23) moves the relevance only through the trunk.
+    # The same update without the term (PPO without the relevance term) moves the relevance only through the trunk.
     assert trained(1.0) < min(trained(0.0), relevance_nll(sft_path)) - 0.05
 
 

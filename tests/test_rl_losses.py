@@ -176,7 +176,7 @@ def test_entropy_over_the_grammars_support():
     assert entropy_over_support(logp_all, t([[1.0]])).item() == pytest.approx(math.log(2))
 
 
-# Semi-online RL (issue 15): each function against values worked by hand.
+# Semi-online RL: each function against values worked by hand.
 
 
 def test_semi_online_step_reward_weighs_format_and_action():

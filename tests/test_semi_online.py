@@ -1,4 +1,4 @@
-"""Semi-online RL (issue 15): matching, scoring, advantages by hand; and an update that raises the match rate
+"""Semi-online RL: matching, scoring, advantages by hand; and an update that raises the match rate
 on expert trajectories without any environment, measured by SOP."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_semi_online_updates_raise_the_match_rate_without_an_environment(tmp_pat
         matched.append(stats["matched"])
         assert stats["trained_steps"] > 0
     # Each update's rollouts come from the model the updates before it made: their match rate is the learning
-    # curve (measured before issue 23: 0.48 -> 0.77 -> 0.82 -> 0.86). The greedy policy's SOP on held-out
+    # curve (measured with the earlier rounds: 0.48 -> 0.77 -> 0.82 -> 0.86). The greedy policy's SOP on held-out
     # screens does not collapse: a guard, not a measurement (40 trajectories know a rate to about +-0.07;
     # measured 0.95 -> 1.00 with sampled thoughts and no relevance term, 0.95 -> 0.90 with greedy thoughts
     # and the term).
@@ -235,7 +235,7 @@ def test_a_viewed_trajectory_moves_the_experts_click_and_box_with_the_pixels():
 
 def test_a_semi_online_round_refills_until_enough_groups_are_informative(tmp_path, monkeypatch):
     """Trajectories whose rollouts all scored alike give no group; the round rolls out the next ones until
-    `trajectories` groups are informative (the round before issue 23 trained on what survived, here none)."""
+    `trajectories` groups are informative (an earlier round trained on what survived, here none)."""
     import learner.algorithms.semi_online as semi_online
 
     train = VLATrainConfig(steps=4, batch_size=8, lr=3e-3, warmup_steps=1, seed=0, keep_ratios=(1.0,),

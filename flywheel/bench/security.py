@@ -1,6 +1,6 @@
 """`flywheel bench security`: the wall time of one short demo over PLAINTEXT and over SASL_SSL (TLS, SCRAM, ACLs),
 each in a home of its own with its own broker, alternating `repeats` times (a slow minute of the shared box hits
-both); DIR/security_bench.json, medians side by side and their ratio (issue 33's target: within 1.3x)."""
+both); DIR/security_bench.json, medians side by side and their ratio (target: within 1.3x)."""
 
 from __future__ import annotations
 

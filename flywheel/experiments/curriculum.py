@@ -22,9 +22,9 @@
                         labelling the screens its rule picks; from a failure's first step where the label differs
                         from the policy's action, the teacher's own continuation (edge_client.search
                         .continue_by_teacher), kept when it succeeds: labels whose history is the teacher's
-                        (issue 44.3); then SFT from the shared SFT on the demonstrations + every label so far
+                        then SFT from the shared SFT on the demonstrations + every label so far
     dagger_edge         dagger as the edge gathers it: every label on the policy's own history, kept whatever
-                        followed (the arm of issue 31, the latching the history fix removes)
+                        followed (the latching the history fix removes)
     dart                each round: new expert episodes on the RL set, each click displaced with probability near
                         the start's per-step error rate, every state labelled with the clean action
                         (edge_client.dart), then SFT from the shared SFT on the demonstrations + those rows
@@ -41,9 +41,9 @@
     dagger_rl           dagger for offline_share of the budget, then online PPO anchored (a fixed-weight BC term on
                         the demonstrations + labels; the teacher still labels, its agreement a step reward)
     self_imitation_rl   self_imitation, then online PPO anchored on the demonstrations + successes
-    offline_only, sft_semi_online_views and issue 23's and 31's other arms: optional (not in the default set)
+    offline_only, sft_semi_online_views and the earlier arms: optional (not in the default set)
 
-A retrain round trains max(retrain_steps, retrain_passes x rows / batch) steps (issue 44.5: a fixed count spreads
+A retrain round trains max(retrain_steps, retrain_passes x rows / batch) steps (a fixed count spreads
 over more rows each round), and each retrain arm's last model has a no-fleet twin: the same steps, rate and start
 on the demonstrations alone (OUT/twins/, shared by arms of the same steps), reported as vs_twin.
 With `start_from` (e.g. the release) the arms start from that trained model instead of a shared SFT; with
@@ -109,8 +109,8 @@ ARMS: dict[str, tuple[str, ...]] = {
 }
 # The arms whose rounds retrain from the shared SFT on the demonstrations + what their rounds gathered.
 RETRAIN_STAGES = ("dagger", "self_imitation")
-# Issue 44's arms: what the fleet's experience adds over demonstrations, at equal expert calls and optimizer steps;
-# the earlier arms (issues 23 and 31) stay runnable by name.
+# The default arms: what the fleet's experience adds over demonstrations, at equal expert calls and optimizer steps;
+# the earlier arms stay runnable by name.
 DEFAULT_ARMS = ("sft", "sft_more_demos", "dart", "dagger", "search_bc", "search_bc_teacher", "search_bc_rl")
 # Seed ranges: demonstrations 0.., the logged fleet, online rounds, RL-set selection; evaluation 1,000,000+.
 LOG_SEED, ROUND_SEED, SELECTION_SEED = 500_000, 600_000, 900_000

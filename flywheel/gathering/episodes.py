@@ -1,7 +1,7 @@
 """The experiments' episodes as rows, as the pipeline would write and score them (processors.table_rows,
 processors.scoring): the demonstrations, the logged fleet, the online rounds and every gathered round run through
 the fleet's own loop (edge_client.episode) in a local browser; and the supervision the fleet's experience buys
-beyond demonstrations (issue 44), one (task, seed) at a time, as SFT rows a retrain reads (learner.algorithms.stages
+beyond demonstrations, one (task, seed) at a time, as SFT rows a retrain reads (learner.algorithms.stages
 "dagger" and "self_imitation"):
 
     continued_labels   DAgger whose labels fit their history: the teacher's own continuation from a greedy
@@ -108,7 +108,7 @@ def record_expert_trajectories(tasks: tuple[str, ...], episodes: int, seed: int)
 
 
 def continued_labels(env, policy, teacher, task: str, seed: int, version: str, max_steps: int):
-    """DAgger with labels that fit their history (issue 44.3): the policy's greedy episode, `teacher`
+    """DAgger with labels that fit their history: the policy's greedy episode, `teacher`
     (edge_client.teacher.Teacher) labelling by its rule; where it failed, from the first step whose label differs
     from the policy's action, the teacher's own continuation, kept only when that succeeds. Its rows: the replayed
     prefix as context (`train` false), the teacher's steps as labels. Returns (rows, env steps, teacher calls of

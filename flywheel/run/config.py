@@ -26,7 +26,7 @@ from learner.daemon.daemon_config import DaemonConfig
 from processors.worker_config import WorkerConfig
 from registry.store import RELEASE_DIR
 
-# The main job's tasks, by issue 42's rule: its first version must score >= 0.85 greedy, and the flywheel must still
+# The main job's tasks, by one rule: its first version must score >= 0.85 greedy, and the flywheel must still
 # have somewhere to rise. The run starts from the shipped release, so the rule reads the release's own held-out
 # evaluation (greedy, 100 seeds a task, docs/figures/release-43/eval-tier1.json) and keeps each Tier 1 task the
 # release succeeds on at least half the time: there the fleet's samples mostly verify, and the teacher's labels go to
@@ -97,7 +97,7 @@ class DemoConfig:
     """Continuous, with greedy_episodes: the last version's no-fleet twin too, its retrain again from the same SFT
     model with the same steps and lr on the demonstrations alone (`flywheel twin`), greedy on the same seeds and
     paired with it (report.json "twin", "last_vs_twin": what the fleet's labels or successes bought beyond the
-    demonstrations that landed after the first SFT; issue 44). Costs one retrain and one evaluation more."""
+    demonstrations that landed after the first SFT). Costs one retrain and one evaluation more."""
     pass_at_k: int = 4
     """Continuous, with greedy_episodes: K, the first, last and twin versions each sampled K times on each of
     pass_at_k_seeds held-out seeds of every new task (report.json "new_tasks" "pass_at_k"; 0: not). What sampling

@@ -215,7 +215,7 @@ def start_twin(config: DemoConfig, stack: LocalStack, published: list[dict], cpu
     """Start training the last version's twin, its retrain again on the demonstrations alone, on the learner's `cpus`
     as the learner trained (the evaluation keeps the others); None: not asked for. A version rises over the first
     SFT partly on the demonstrations that landed after the SFT polled; only the version against its twin credits
-    the fleet (issue 44)."""
+    the fleet."""
     if not (published and config.twin and config.greedy_episodes > 0):
         return None
     last = published[-1]

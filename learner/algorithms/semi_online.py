@@ -58,7 +58,7 @@ class SemiOnlineConfig:
     min_group_std: float = 1e-6
     """Groups whose rollouts' step-0 returns spread no more than this (std) are dropped: nothing to rank.
     Any spread is kept: a one-step task's returns are 1.0 (the expert's click) or 0.55 (a click elsewhere),
-    at most 0.225 apart in std, so the 0.3 of before dropped every such group (issue 23)."""
+    at most 0.225 apart in std, so the 0.3 of before dropped every such group."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts."""
     top_k: int = 0

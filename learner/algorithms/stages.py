@@ -123,7 +123,7 @@ def run_stage(
 
 
 def retrain_steps(least: int, passes: float, rows: int, batch_size: int) -> int:
-    """A retrain's optimizer steps: `least`, or `passes` passes over its `rows` if that is more (issue 44.5: a
+    """A retrain's optimizer steps: `least`, or `passes` passes over its `rows` if that is more (a
     fixed count spreads over more rows every round, under one pass once the fleet's rows pile up)."""
     return max(least, math.ceil(passes * rows / batch_size))
 

@@ -9,7 +9,7 @@ publishes a signed version every N new episodes or T minutes, and never makes th
     drawn greedily or from the top-k (stage "self_imitation"); `rl_updates_per_retrain` anchored PPO
     updates (a fixed-weight BC term on that same data) may refine each retrained model before the next
     retrain starts from SFT again
-    curriculum "rl" (issue 23's): SFT done, failures logged -> offline RL once (AWR + DPO); afterwards
+    curriculum "rl": SFT done, failures logged -> offline RL once (AWR + DPO); afterwards
                                  online RL: one PPO update (learner.algorithms.online_rl) per batch of fresh rollouts,
                                  the episodes the fleet produced since the last publish plus those of the
                                  `replay_versions` - 1 versions before (a replay with a bounded version lag),

@@ -1,9 +1,9 @@
-"""The no-fleet twin of a published version (issue 44): its retrain again, on the demonstrations alone.
+"""The no-fleet twin of a published version: its retrain again, on the demonstrations alone.
 
 A version of the supervised curriculum (learner.daemon.loop) is a retrain from the SFT model on the demonstrations
 + the fleet's rows (the teacher's labels, or its verified successes), perhaps refined by anchored RL updates. It
 can beat the first SFT without the fleet's rows helping at all: the first SFT trained on the demonstrations in the
-tables when the learner first polled, every retrain on all those that had landed by then (issue 44 measured the
+tables when the learner first polled, every retrain on all those that had landed by then (a measurement found the
 README's whole gain to be theirs). The twin tells the two apart: the stage the version was retrained by, with the
 same steps, learning rate and start (the SFT model it descends from, by the manifests' parents), on the
 demonstrations in the table versions the version's lineage pins, and nothing of the fleet's. The version minus its
