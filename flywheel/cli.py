@@ -265,14 +265,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _eval(p: argparse.ArgumentParser) -> None:
-    from flywheel.experiments.eval_command import EvalConfig
+    from flywheel.gathering.eval_command import EvalConfig
 
     add_config_arguments(p, EvalConfig, parse=TASKS)
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from flywheel.experiments.eval_command import EvalConfig, check_eval_config, run_eval
+    from flywheel.gathering.eval_command import EvalConfig, check_eval_config, run_eval
 
     config = config_from(args, EvalConfig)
     try:

@@ -228,10 +228,10 @@ def config_classes() -> dict[str, type]:
     from flywheel.experiments.arms.offline_rl import OfflineRLSettings
     from flywheel.experiments.arms.search_bc_rl import SearchBCRLSettings
     from flywheel.experiments.curriculum import CurriculumConfig
-    from flywheel.experiments.eval_command import EvalConfig
     from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.experiments.explore import ExploreConfig
     from flywheel.experiments.harness import ArmsConfig
+    from flywheel.gathering.eval_command import EvalConfig
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig

@@ -228,7 +228,7 @@ def test_a_killed_browser_loses_at_most_one_episode_and_the_next_runs_on_a_new_o
 
 
 def test_an_evaluation_reports_the_same_endings_with_one_browser_or_two() -> None:
-    from edge_client.evaluate import evaluate
+    from flywheel.gathering.evaluation import evaluate
     from policy.runtime import load_policy
 
     def policies():

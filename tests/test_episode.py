@@ -11,8 +11,8 @@ from selenium.common.exceptions import WebDriverException
 
 from edge_client.env import StepResult
 from edge_client.episode import LOOP_ENDED_REWARD, run_episode
-from edge_client.evaluate import evaluate
 from edge_client.runner import step_publisher
+from flywheel.gathering.evaluation import evaluate
 from policy.expectations import EXPECT_SUCCESS
 from policy.interface import Decision, Observation
 from processors.assembly import EpisodeAssembler

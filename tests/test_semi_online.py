@@ -110,8 +110,8 @@ def test_r_squared_of_a_line_and_of_noise():
 
 def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
     from edge_client.env import GuiEnv
-    from flywheel.experiments.eval_command import evaluate_sop
     from flywheel.gathering.episodes import expert_trajectories
+    from flywheel.gathering.eval_command import evaluate_sop
 
     env = GuiEnv("click-test")
     try:

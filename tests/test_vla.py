@@ -446,7 +446,7 @@ class RandomClicks:
 
 
 def test_a_tiny_vla_learns_click_test_from_pixels(tmp_path):
-    from edge_client.evaluate import evaluate
+    from flywheel.gathering.evaluation import evaluate
 
     frame = pl.DataFrame(expert_rows(("click-test",), 40, seed=500))
     config = VLATrainConfig(steps=250, batch_size=16, lr=3e-3, warmup_steps=10, keep_ratios=(0.25,), seed=0,

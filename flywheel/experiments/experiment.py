@@ -48,7 +48,7 @@ class ExperimentConfig:
     evaluate each on the experiment's tasks, the steps curve of a run that already happened
     (WORK/checkpoints/, table.md, curves.png)."""
     browsers: int = 1
-    """Browsers each evaluation runs in parallel (edge_client.evaluate; the figures do not depend on it)."""
+    """Browsers each evaluation runs in parallel (flywheel.gathering.evaluation; the figures do not depend on it)."""
     diagnose: str = ""
     """A task: instead of training, report for every arm trained to its last step how often, on that task's
     first 40 eval seeds, the encoder's relevance ranks the expert's target patch first / in its top 5, and

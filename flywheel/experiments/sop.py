@@ -1,4 +1,4 @@
-"""`flywheel experiment sop`: SOP (flywheel.experiments.eval_command.evaluate_sop) against live success over a
+"""`flywheel experiment sop`: SOP (flywheel.gathering.eval_command.evaluate_sop) against live success over a
 curriculum run's checkpoints: does the offline proxy rank models as the environment does?"""
 
 from __future__ import annotations

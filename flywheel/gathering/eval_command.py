@@ -81,7 +81,7 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
     import itertools
 
     from edge_client.env import EnvConfig
-    from edge_client.evaluate import evaluate
+    from flywheel.gathering.evaluation import evaluate
     from policy.sampling import Sampling
 
     check_eval_config(config)
