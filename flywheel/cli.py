@@ -15,7 +15,7 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_argv, config_from, config_values
-from core.settings import EVAL_SEED, TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
+from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 
 def runnable_tasks(value: str) -> tuple[str, ...]:
@@ -319,72 +319,28 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def _experiment(p: argparse.ArgumentParser) -> None:
-    from flywheel.experiments.curriculum import CurriculumConfig
-    from flywheel.experiments.experiment import ExperimentConfig
+    from flywheel.experiments.explore import NOT_EXPLORE_FLAGS, ExploreConfig
     from flywheel.experiments.harness import NOT_ARMS_FLAGS, ArmsConfig, parse_arms
 
-    add_config_arguments(p, ExperimentConfig)
-    p.set_defaults(func=cmd_experiment)
-    kinds = p.add_subparsers(dest="kind", metavar="{arms,curriculum,explore,sop}", help="instead of --config's arms:")
-    arms = kinds.add_parser("arms", help="new-task arms, a module each -> OUT/arms.json", formatter_class=HelpFormatter)
-    add_config_arguments(arms, ArmsConfig, parse={"fleet.new_tasks": runnable_tasks, "arms": parse_arms},
+    add_config_arguments(p, ArmsConfig, parse={"fleet.new_tasks": runnable_tasks, "arms": parse_arms},
                          exclude=NOT_ARMS_FLAGS)  # fmt: skip
-    arms.set_defaults(func=cmd_arms)
-    curriculum = kinds.add_parser("curriculum", help="SFT / offline RL / online RL arms at the same budget "
-                                  "-> OUT/curriculum.json + curriculum.png")  # fmt: skip
-    add_config_arguments(curriculum, CurriculumConfig, parse=TASKS)
-    curriculum.set_defaults(func=cmd_curriculum)
+    p.set_defaults(func=cmd_experiment)
+    kinds = p.add_subparsers(dest="kind", metavar="{explore}", help="instead of the arms:")
     explore = kinds.add_parser("explore", help="the fleet's exploration on the new tasks (K runs a seed on the "
                                "temperature ladder, then the search): pass@K and pass with the search per task -> "
                                "OUT/explore.json", formatter_class=HelpFormatter)  # fmt: skip
-    from flywheel.experiments.explore import NOT_EXPLORE_FLAGS, ExploreConfig
-
     add_config_arguments(explore, ExploreConfig, parse={"fleet.new_tasks": runnable_tasks}, exclude=NOT_EXPLORE_FLAGS)
     explore.set_defaults(func=cmd_explore)
-    sop = kinds.add_parser("sop", help="SOP vs live success over a curriculum run's checkpoints -> OUT/sop.json, "
-                           "sop.png")  # fmt: skip
-    sop.add_argument("--out", type=Path, default=Path("runs/sop"), help="sop.json and sop.png go here")
-    sop.add_argument(
-        "--curriculum",
-        type=Path,
-        default=Path("runs/curriculum"),
-        help="a `flywheel experiment curriculum` run: its evaluated checkpoints are the points",
-    )
-    sop.add_argument("--episodes", type=int, default=50, help="expert trajectories per task")
-    sop.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the first (the eval seeds)")
-    sop.set_defaults(func=cmd_sop_experiment)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from flywheel.experiments.experiment import ExperimentConfig, run_experiment
-    from flywheel.run.release import recipe_demonstrations
-
-    settings = get_settings()
-    run_experiment(
-        config_from(args, ExperimentConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
-    )
-    return 0
-
-
-def cmd_curriculum(args: argparse.Namespace) -> int:
-    from flywheel.experiments.curriculum import CurriculumConfig, run_curriculum
-    from flywheel.run.release import recipe_demonstrations
-
-    settings = get_settings()
-    run_curriculum(
-        config_from(args, CurriculumConfig), lambda recipe, work: recipe_demonstrations(recipe, work, settings)
-    )
-    return 0
-
-
-def cmd_arms(args: argparse.Namespace) -> int:
     from flywheel.experiments.harness import ArmsConfig, check_arms_config, run_arms
 
     config = config_from(args, ArmsConfig)
     try:
         check_arms_config(config)
     except ValueError as error:
-        print(f"flywheel experiment arms: {error}", file=sys.stderr)
+        print(f"flywheel experiment: {error}", file=sys.stderr)
         return 2
     run_arms(config)
     return 0
@@ -394,13 +350,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from flywheel.experiments.explore import ExploreConfig, run_explore
 
     run_explore(config_from(args, ExploreConfig), get_settings())
-    return 0
-
-
-def cmd_sop_experiment(args: argparse.Namespace) -> int:
-    from flywheel.experiments.sop import run_sop_experiment
-
-    run_sop_experiment(args.out, args.curriculum, args.episodes, args.seed)
     return 0
 
 
@@ -617,7 +566,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "diagnose": ("where clicks go wrong: map and decoded click in the target, recall under pruning", _diagnose),
     "demonstrations": ("expert demonstrations on the suite, through Kafka into Delta", _demonstrations),
     "release": ("demonstrations -> VLA SFT -> release/ (reproducible; resumes)", _release),
-    "experiment": ("arms trained on the same demonstrations, evaluated side by side (ablations, curves)", _experiment),
+    "experiment": (
+        "methods that learn the new tasks, a module each, beside their no-fleet twins (arms.json)",
+        _experiment,
+    ),
     "canary": ("promote or roll back the canary version by live success", _canary),
     "demo": (
         "the whole flywheel turning by itself for --minutes (the main job; --turns N: N rounds instead), "

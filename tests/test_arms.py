@@ -30,9 +30,9 @@ def test_every_arm_is_a_module_registered_by_its_name_with_typed_settings():
 @pytest.mark.parametrize("arms", ["search_bc,nope", "search_bc_rl,search_bc", "search_bc_rl"])
 def test_an_unknown_arm_or_one_before_the_arm_it_starts_from_is_refused_before_anything_starts(arms, tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
-        main(["experiment", "arms", "--arms", arms, "--out", str(tmp_path / "run")])
+        main(["experiment", "--arms", arms, "--out", str(tmp_path / "run")])
     assert refused.value.code == 2
-    assert "--arms" in capsys.readouterr().err
+    assert "error: argument --arms:" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

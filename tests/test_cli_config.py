@@ -227,8 +227,6 @@ def config_classes() -> dict[str, type]:
     from flywheel.chaos.run import ChaosConfig
     from flywheel.experiments.arms.offline_rl import OfflineRLSettings
     from flywheel.experiments.arms.search_bc_rl import SearchBCRLSettings
-    from flywheel.experiments.curriculum import CurriculumConfig
-    from flywheel.experiments.experiment import ExperimentConfig
     from flywheel.experiments.explore import ExploreConfig
     from flywheel.experiments.harness import ArmsConfig
     from flywheel.gathering.eval_command import EvalConfig
@@ -241,8 +239,8 @@ def config_classes() -> dict[str, type]:
     from processors.worker_config import WorkerConfig
 
     classes = (EdgeConfig, EdgeBenchConfig, BenchConfig, EvalConfig, DemoConfig, DemonstrationsConfig, LearnConfig,
-               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, ExperimentConfig, DaemonConfig,
-               CurriculumConfig, EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
+               VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, DaemonConfig,
+               EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
                ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig, ArmsConfig,
                OfflineRLSettings, SearchBCRLSettings)  # fmt: skip
     return {c.__name__: c for c in classes}

@@ -101,13 +101,6 @@ def test_semi_online_updates_raise_the_match_rate_without_an_environment(tmp_pat
     assert sop_of(result.checkpoint_path) >= before - 0.1
 
 
-def test_r_squared_of_a_line_and_of_noise():
-    from flywheel.experiments.sop import r_squared
-
-    assert r_squared([0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
-    assert r_squared([0.0, 1.0, 2.0], [1.0, 0.0, 1.0]) == pytest.approx(0.0)  # the best line is flat
-
-
 def test_sop_at_eval_time_replays_the_experts_recorded_trajectories(tmp_path):
     from edge_client.env import GuiEnv
     from flywheel.gathering.episodes import expert_trajectories

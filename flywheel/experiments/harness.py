@@ -1,4 +1,4 @@
-"""`flywheel experiment arms`: methods that learn the tasks nobody demonstrated, each a module, side by side.
+"""`flywheel experiment`: methods that learn the tasks nobody demonstrated, each a module, side by side.
 
     the harness (here)      the start (a trained model: the release), the suite's expert demonstrations (what every
                             retrain replays, so the suite keeps its level), per training seed the start's exploration
@@ -101,7 +101,7 @@ class ArmsConfig:
     """Each arm's own settings."""
 
 
-# Settings of the tree that are no flags of `flywheel experiment arms`: the fleet's and the learner's that do not
+# Settings of the tree that are no flags of `flywheel experiment`: the fleet's and the learner's that do not
 # shape an arm (clients, channels, publishing cadence, the other curricula).
 NOT_ARMS_FLAGS = tuple(f"fleet.{name}" for name in (
     "client_id", "tasks", "episodes_per_task", "policy", "repeats", "seeds_per_visit", "channel", "wait_for_model_s",
@@ -205,13 +205,17 @@ class ArmContext:
         return retrain_steps(learner.retrain_steps, learner.retrain_passes, rows, self.recipe.train.batch_size)
 
     def retrain(self, arm: str, extra: pl.DataFrame | None, env_steps: int, steps: int = 0) -> Trained:
-        """The learner's retrain from the start on the demonstrations + `extra` (the stage the daemon retrains by),
-        for the learner's steps on those rows (or `steps`)."""
-        from learner.algorithms.stages import StageData, StageRun, run_stage
+        """The learner's retrain from the start on the demonstrations + `extra`, built as the daemon builds every
+        retrain and its no-fleet twin (learner.daemon.loop.retrain_run), for the learner's steps on those rows (or
+        `steps`); its batches seeded by the training seed."""
+        from learner.algorithms.stages import StageData, run_stage
+        from learner.daemon.loop import retrain_run
 
         steps = steps or self.retrain_steps(0 if extra is None else extra.height)
-        run = StageRun("self_imitation", self.train_config(steps), self.dir(arm) / "train", reference=self.start,
-                       recipe=self.recipe)  # fmt: skip
+        run = retrain_run(
+            "self_imitation", self.recipe, self.config.learner, self.start, self.dir(arm) / "train", steps
+        )
+        run = replace(run, train=replace(run.train, seed=run.train.seed + self.seed, checkpoint_every=steps))
         result = run_stage(run, StageData(demos=self.demos, extra=extra))
         return self.trained(arm, result, steps, env_steps, {"extra_rows": 0 if extra is None else extra.height})
 

@@ -1,5 +1,5 @@
 """The one dispatcher of the curriculum's stages: the learner daemon (learner.daemon.loop) and the experiment
-(flywheel.experiments.curriculum) both train every stage through `run_stage`, so a stage means one thing in both.
+(flywheel.experiments.arms) both train every stage through `run_stage`, so a stage means one thing in both.
 
     sft                 imitation of the demonstrations (learner.algorithms.sft)
     offline_rl          AWR + DPO on the logged successes and failures (learner.algorithms.offline_rl)
