@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edge_client.dom import walk
 from edge_client.env import GuiEnv
-from edge_client.experts import walk
 from policy.interface import Decision, Observation
 from policy.screen import POSITIONAL_TYPES
 from schemas import Action

@@ -2,7 +2,7 @@
 of the test that pairs the paths episode by episode (tests/test_env_paths.py).
 
 Each task gets `gymnasium.make("miniwob/<task>-v1")` as it comes, with miniwob's own Chrome options,
-reset, step and screenshot; nothing of ours but the action translation (`edge_client.env.to_miniwob`) and the
+reset, step and screenshot; nothing of ours but the action translation (`miniwob_actions.to_miniwob`) and the
 Observation / StepResult it is read into. Stock has no task switching, so each task keeps its own browser,
 started on the task's first reset (the bench starts them before it times anything: `open`). Its JavaScript
 episode limit is miniwob's 10 s.
@@ -19,7 +19,8 @@ import gymnasium
 import miniwob
 import numpy as np
 
-from edge_client.env import StepResult, step_info, task_name, to_miniwob
+from edge_client.env import StepResult, task_name
+from edge_client.miniwob_actions import step_info, to_miniwob
 from policy.interface import Observation
 from schemas import Action
 
