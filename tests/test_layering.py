@@ -113,3 +113,14 @@ def test_code_says_why_not_which_ticket():
     found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted(ROOT.rglob("*.py")) if ".git" not in p.parts
              for i, line in enumerate(p.read_text().splitlines(), 1) if ticket.search(line)]  # fmt: skip
     assert found == []
+
+
+def test_the_architectures_map_names_every_package_on_its_floor():
+    """docs/architecture.md's table of packages is the tree's: every package once, on the floor this test holds."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    floors = text[text.index("\n## Floors") : text.index("\n## ", text.index("\n## Floors") + 1)]
+    rows = re.findall(r"^\| (\d) \| `(\w+)/` \|", floors, flags=re.MULTILINE)
+    assert {package: int(floor) for floor, package in rows} == FLOORS
+    assert len(rows) == len(FLOORS)
