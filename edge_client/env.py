@@ -25,7 +25,7 @@ Two paths, the same outcomes (`EnvConfig.path`; tests/test_env_paths.py pairs th
   (edge_client.devtools) that settles, reads reward and done, and returns the utterance and DOM; a click is
   the three `Input.dispatchMouseEvent`s chromedriver itself would send. Typing, keys and scrolls still go
   through WebDriver's actions (their key tables and wheel timing are chromedriver's), as do page loads.
-  `flywheel bench env` measures both beside the stock gymnasium loop (docs/performance.md).
+  `flywheel bench env` measures both beside the stock gymnasium loop (docs/results.md).
 """
 
 from __future__ import annotations

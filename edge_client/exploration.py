@@ -12,7 +12,7 @@ on a ladder from T_low up to a top that falls as the task's success under the cu
 
 Why a ladder, not one temperature: the tasks want different ones. The release, 4 runs on each of 10 seeds a task,
 pass@4 at T = 1 / 2 / 3: click-pie 0.10 / 0.20 / 0.40 (a click far from its habit), enter-text-dynamic
-0.10 / 0.00 / 0.00 (typed characters at a high temperature are noise), docs/results.md. A task the version never
+0.10 / 0.00 / 0.00 (typed characters at a high temperature are noise), docs/new_tasks.md. A task the version never
 solves gets the widest ladder, where every success is news; one it solves is sampled near its own choice, so its
 successes are the version's habits made surer. The rate is this client's own count under the version it runs (it
 starts again at a swap), which needs no coordination between clients.

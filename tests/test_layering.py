@@ -124,3 +124,12 @@ def test_the_architectures_map_names_every_package_on_its_floor():
     rows = re.findall(r"^\| (\d) \| `(\w+)/` \|", floors, flags=re.MULTILINE)
     assert {package: int(floor) for floor, package in rows} == FLOORS
     assert len(rows) == len(FLOORS)
+
+
+def test_every_doc_the_code_cites_exists():
+    """A comment's or help text's docs/... reference leads somewhere (docs move; the code's pointers move with them)."""
+    import re
+
+    cited = {(str(p.relative_to(ROOT)), ref) for p in sorted(ROOT.rglob("*.py")) if ".git" not in p.parts
+             for ref in re.findall(r"docs/[\w/-]+\.md", p.read_text())}  # fmt: skip
+    assert [f"{where}: {ref}" for where, ref in sorted(cited) if not (ROOT / ref).exists()] == []

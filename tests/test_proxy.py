@@ -1,5 +1,5 @@
 """The chaos proxy (flywheel/chaos/proxy.py) on its own: an echo server behind it, many busy connections, cut and
-restored over and over. A cut that raised half-way once left a client cut off for good (docs/chaos.md)."""
+restored over and over. A cut that raised half-way once left a client cut off for good (docs/history/chaos.md)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ LEFT_AT_DEFAULT: dict[str, dict[str, str]] = {
     "edge_client.runner.step_event": {},
     "flywheel.bench.synthetic.bench_step": {
         **dict.fromkeys(("tokens", "token_logprobs", "temperature", "top_k"), NOTHING_GENERATED),
-        "target_box": "not in the steps the pipeline's numbers were measured on (docs/performance.md)",
+        "target_box": "not in the steps the pipeline's numbers were measured on (docs/results.md)",
         **dict.fromkeys(TEACHER_FIELDS, NO_TEACHER),
     },
     "tests.factories.step_event": {

@@ -47,7 +47,7 @@ def demo_fleet() -> EdgeConfig:
         temperature=0.7,  # continuous: the fleet samples (turns: greedy)
         top_k=5,
         # Rollouts per (task, seed): the online RL's groups want 8 (--rl-updates-per-retrain); for the teacher fewer
-        # buy more distinct states (2 rollouts: +11.3 points greedy, 8: +7.2; docs/teacher.md).
+        # buy more distinct states per rollout (docs/history/teacher.md).
         repeats=2,
         seeds_per_visit=4,  # a task switch costs ~0.7 s here
         # 2 labels an episode (0: no teacher; the learner then retrains on the fleet's verified successes).

@@ -173,7 +173,7 @@ def run_continuous(config: DemoConfig, stack: LocalStack) -> dict:
         # What the fleet learned where nobody demonstrated, first: the reason it exists.
         "new_tasks": new_tasks,
         "mode": "continuous",
-        "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/teacher.md, reproducibility)
+        "machine": machine(),  # a wall-clock run: what it trained depends on the CPU (docs/history/teacher.md)
         "fleet_prefix": FLEET_PREFIX,
         "run_s": round(end - fleet.started_at, 1),
         "fleet_idle_s": round(idle, 1),

@@ -136,7 +136,7 @@ def weigh_failures(advantages: torch.Tensor, negative_weight: float) -> torch.Te
     written; below 1 a failure pushes its tokens down less than a success pulls its own up; 0 learns from the
     successes only (advantage-weighted imitation of the fleet's own successes: expert iteration / RFT). Pushing
     down a sampled pointer token moves its probability to every other cell, which no success asked for (yet
-    successes only at 3e-4 drifted as fast: docs/curriculum.md, the pilots)."""
+    successes only at 3e-4 drifted as fast: docs/history/curriculum.md, the pilots)."""
     return torch.where(advantages < 0, negative_weight * advantages, advantages)
 
 

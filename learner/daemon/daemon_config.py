@@ -41,7 +41,7 @@ class DaemonConfig:
     """Learning rate of the offline RL stage."""
     online_lr: float = 3e-5
     """Learning rate of the online RL updates: a few noisy steps each, where Adam moves every weight by about the
-    learning rate a step (docs/curriculum.md, "the online learning rate")."""
+    learning rate a step (docs/history/curriculum.md, "the online learning rate")."""
     guidance: Guidance = "refkl"
     """Online RL's offline guidance: 'none', 'refkl' or 'databc'."""
     replay_versions: int = 2
