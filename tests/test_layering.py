@@ -133,3 +133,19 @@ def test_every_doc_the_code_cites_exists():
     cited = {(str(p.relative_to(ROOT)), ref) for p in sorted(ROOT.rglob("*.py")) if ".git" not in p.parts
              for ref in re.findall(r"docs/[\w/-]+\.md", p.read_text())}  # fmt: skip
     assert [f"{where}: {ref}" for where, ref in sorted(cited) if not (ROOT / ref).exists()] == []
+
+
+def current_docs() -> list[Path]:
+    """The docs that describe the system as it is: the README and docs/*.md but the history."""
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "history.md")]
+
+
+def test_the_current_docs_are_short_and_name_no_ticket():
+    import re
+
+    ticket = re.compile(r"\b(issues?|session)s? \d", re.IGNORECASE)
+    lines = {p.name: p.read_text().splitlines() for p in current_docs()}
+    assert sum(len(v) for v in lines.values()) <= 1500, {k: len(v) for k, v in lines.items()}
+    assert [
+        f"{name}:{i}" for name, text in lines.items() for i, line in enumerate(text, 1) if ticket.search(line)
+    ] == []
