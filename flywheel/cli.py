@@ -459,94 +459,26 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 
 def _bench(p: argparse.ArgumentParser) -> None:
-    from flywheel.bench.edge import EdgeBenchConfig
-    from flywheel.bench.env import EnvBenchConfig
-    from flywheel.bench.learner import LearnerBenchConfig
-    from flywheel.bench.maintenance import MaintenanceBenchConfig
-    from flywheel.bench.pipeline import BenchConfig
-    from flywheel.bench.security import SecurityBenchConfig
+    from flywheel.bench import edge, env, learner, maintenance, pipeline, security
 
     what = p.add_subparsers(dest="what", required=True)
-    kinds = {
-        "pipeline": ("faust vs a bare consumer: capacity and latency", BenchConfig, cmd_bench_pipeline),
-        "edge": ("the VLA step five ways on real screens", EdgeBenchConfig, cmd_bench_edge),
-        "env": ("environment steps/s: stock miniwob, the previous and the fast path", EnvBenchConfig, cmd_bench_env),
-        "learner": (
-            "samples/s, FLOPs and the fp32 ceiling of each learner update",
-            LearnerBenchConfig,
-            cmd_bench_learner,
-        ),
-        "maintenance": ("a steps table before and after maintenance", MaintenanceBenchConfig, cmd_bench_maintenance),
-        "security": (
-            "the same demo over PLAINTEXT and SASL_SSL (TLS, SCRAM, ACLs): wall times side by side",
-            SecurityBenchConfig,
-            cmd_bench_security,
-        ),
-        "bare-consumer": ("the baseline consumer process `bench pipeline` starts", None, cmd_bench_bare_consumer),
-    }
-    for name, (help_text, config, func) in kinds.items():
+    kinds = {  # each bench module's config and `command(config, settings) -> exit code`
+        "pipeline": ("faust vs a bare consumer: capacity and latency", pipeline, pipeline.BenchConfig),
+        "edge": ("the VLA step five ways on real screens", edge, edge.EdgeBenchConfig),
+        "env": ("environment steps/s: stock miniwob, the previous and the fast path", env, env.EnvBenchConfig),
+        "learner": ("samples/s, FLOPs and the fp32 ceiling per update", learner, learner.LearnerBenchConfig),
+        "maintenance": ("a steps table before and after maintenance", maintenance, maintenance.MaintenanceBenchConfig),
+        "security": ("the same demo over PLAINTEXT and SASL_SSL (TLS, SCRAM, ACLs): wall times side by side", security,
+                     security.SecurityBenchConfig),
+    }  # fmt: skip
+    for name, (help_text, module, config) in kinds.items():
         kind = what.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
-        if config is not None:
-            add_config_arguments(kind, config, parse=TASKS if "tasks" in config.__dataclass_fields__ else None)
-        kind.set_defaults(func=func)
-
-
-def cmd_bench_pipeline(args: argparse.Namespace) -> int:
-    from flywheel.bench.pipeline import BenchConfig, run_bench
-
-    report = run_bench(config_from(args, BenchConfig), get_settings())
-    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
-
-
-def cmd_bench_edge(args: argparse.Namespace) -> int:
-    from flywheel.bench import edge as bench_edge
-
-    config = config_from(args, bench_edge.EdgeBenchConfig)
-    print(bench_edge.format_report(bench_edge.run_bench(config)))
-    print(f"wrote {config.out / 'edge_bench.json'}")
-    return 0
-
-
-def cmd_bench_env(args: argparse.Namespace) -> int:
-    from flywheel.bench.env import EnvBenchConfig, run_bench
-
-    config = config_from(args, EnvBenchConfig)
-    report = run_bench(config)
-    print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
-    print(f"wrote {config.out / 'env_bench.json'}")
-    return 0
-
-
-def cmd_bench_learner(args: argparse.Namespace) -> int:
-    from flywheel.bench.learner import LearnerBenchConfig, run_bench
-
-    config = config_from(args, LearnerBenchConfig)
-    run_bench(config)
-    print(f"wrote {config.out / 'learner_bench.json'}")
-    return 0
-
-
-def cmd_bench_maintenance(args: argparse.Namespace) -> int:
-    from flywheel.bench.maintenance import MaintenanceBenchConfig, run_bench
-
-    result = run_bench(config_from(args, MaintenanceBenchConfig), get_settings())
-    print(f"wrote {result['config']['out']}/maintenance_bench.json")
-    return 0 if not result["maintenance_error"] else 1
-
-
-def cmd_bench_security(args: argparse.Namespace) -> int:
-    from flywheel.bench.security import SecurityBenchConfig, run_bench
-
-    report = run_bench(config_from(args, SecurityBenchConfig), get_settings())
-    return 0 if all(run["steps_landed"] == run["steps_published"] for run in report["runs"]) else 1
-
-
-def cmd_bench_bare_consumer(args: argparse.Namespace) -> int:
-    """The baseline consumer process the pipeline benchmark starts."""
-    from flywheel.bench.pipeline import run_bare_consumer
-
-    run_bare_consumer(get_settings())
-    return 0
+        add_config_arguments(kind, config, parse=TASKS if "tasks" in config.__dataclass_fields__ else None)
+        kind.set_defaults(func=lambda args, module=module, config=config: module.command(config_from(args, config),
+                                                                                        get_settings()))  # fmt: skip
+    help_text = "the baseline consumer process `bench pipeline` starts"
+    bare = what.add_parser("bare-consumer", help=help_text, description=help_text, formatter_class=HelpFormatter)
+    bare.set_defaults(func=lambda _args: pipeline.run_bare_consumer(get_settings()) or 0)
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {

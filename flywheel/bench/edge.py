@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.settings import TIER1_TASKS
+from core.settings import TIER1_TASKS, Settings
 from core.stats import percentile
 from registry.store import RELEASE_DIR
 
@@ -190,3 +190,10 @@ if __name__ == "__main__":  # one variant, in its own process: python -m flywhee
     figures = run_variant(variant, Path(model_dir), loaded["screens"], [str(s) for s in loaded["instructions"]],
                           int(repeats), int(threads))  # fmt: skip
     Path(out).write_text(json.dumps(figures))
+
+
+def command(config: EdgeBenchConfig, settings: Settings) -> int:
+    """`flywheel bench edge`: the table, and where its JSON went."""
+    print(format_report(run_bench(config)))
+    print(f"wrote {config.out / 'edge_bench.json'}")
+    return 0

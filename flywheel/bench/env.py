@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from core.machine import machine
-from core.settings import TIER1_TASKS, TIER2_TASKS
+from core.settings import TIER1_TASKS, TIER2_TASKS, Settings
 from edge_client.episode import Env, EpisodeResult, StepRecord, run_episode
 from registry.store import RELEASE_DIR
 
@@ -308,3 +308,11 @@ def format_line(path: str, policy: str, one: dict, many: dict) -> str:
     return (f"{path:9s} {policy:7s} 1 browser: {one['steps_per_s']:6.2f} steps/s {one['episodes_per_s']:6.2f} eps/s "
             f"(success {one['success_rate']:.2f}) | {many['browsers']} browsers: {many['steps_per_s']:6.2f} steps/s "
             f"{many['episodes_per_s']:6.2f} eps/s | ms: {breakdown}")  # fmt: skip
+
+
+def command(config: EnvBenchConfig, settings: Settings) -> int:
+    """`flywheel bench env`: the speedups, and where the JSON went."""
+    report = run_bench(config)
+    print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
+    print(f"wrote {config.out / 'env_bench.json'}")
+    return 0

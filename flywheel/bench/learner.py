@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from core.machine import machine
-from core.settings import TIER1_TASKS
+from core.settings import TIER1_TASKS, Settings
 from flywheel.bench.env import Profiler
 from flywheel.gathering.episodes import run_episodes
 
@@ -329,3 +329,10 @@ def format_line(recipe: str, update: str, threads: int, figures: dict) -> str:
     if "phases_ms_per_step" in figures:
         line += " | ms/step: " + " ".join(f"{k} {v}" for k, v in figures["phases_ms_per_step"].items())
     return line
+
+
+def command(config: LearnerBenchConfig, settings: Settings) -> int:
+    """`flywheel bench learner`."""
+    run_bench(config)
+    print(f"wrote {config.out / 'learner_bench.json'}")
+    return 0

@@ -163,3 +163,10 @@ def format_bench(result: dict) -> str:
 
 def _cell(value: object) -> str:
     return "unreadable" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def command(config: MaintenanceBenchConfig, settings: Settings) -> int:
+    """`flywheel bench maintenance`: exit 1 when the maintenance failed."""
+    result = run_bench(config, settings)
+    print(f"wrote {result['config']['out']}/maintenance_bench.json")
+    return 0 if not result["maintenance_error"] else 1

@@ -349,3 +349,9 @@ def format_report(report: dict) -> str:
     )
     lines.append("targets: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items()))
     return "\n".join(lines)
+
+
+def command(config: BenchConfig, settings: Settings) -> int:
+    """`flywheel bench pipeline`: exit 1 when either side lost or duplicated an event."""
+    report = run_bench(config, settings)
+    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1

@@ -69,3 +69,9 @@ def run_demo(config: SecurityBenchConfig, settings: Settings, mode: str, out: Pa
     return {"mode": mode, "wall_s": round(wall_s, 1), "steps_landed": sum(t["steps_in_delta"] for t in turns),
             "steps_published": sum(t["steps_published"] for t in turns),
             "published": [t["published_version"] for t in turns]}  # fmt: skip
+
+
+def command(config: SecurityBenchConfig, settings: Settings) -> int:
+    """`flywheel bench security`: exit 1 when a run did not land every step it published."""
+    report = run_bench(config, settings)
+    return 0 if all(run["steps_landed"] == run["steps_published"] for run in report["runs"]) else 1
