@@ -15,7 +15,7 @@ from core.stats import seeds_mean_ci
 from flywheel.cli import main
 from flywheel.experiments.arms.offline_rl import informative_failures
 from flywheel.experiments.arms.shuffled_labels import shuffled_success
-from flywheel.experiments.harness import ARMS, ArmsConfig, ArmSettings, pass_at, run_arms
+from flywheel.experiments.harness import ARMS, EXPLORE_SEED, ArmsConfig, ArmSettings, pass_at, run_arms
 
 
 def test_every_arm_is_a_module_registered_by_its_name_with_typed_settings():
@@ -74,16 +74,17 @@ def test_pass_at_k_is_the_unbiased_estimate_and_the_seeds_interval_is_students()
 
 def test_a_tiny_run_trains_every_arm_and_its_twin_pairs_them_and_resumes_without_training_again(tmp_path):
     from edge_client.runner import EdgeConfig
-    from flywheel.experiments.arms import search_bc_rl
+    from flywheel.experiments.arms import iterated_search_bc, search_bc_rl
     from flywheel.experiments.harness import arms_learner
 
     fleet = EdgeConfig(client_id="arms", policy="model", tasks=(), new_tasks=("unicode-test",), new_task_repeats=2,
                        new_task_search_steps=10)  # fmt: skip
     learner = dataclasses.replace(arms_learner(), retrain_steps=2, retrain_passes=0.0, new_tasks=fleet.new_tasks)
     rl = search_bc_rl.SearchBCRLSettings(rl_rounds=1, rl_repeats=2, rl_max_groups_per_round=1)
+    rounds = iterated_search_bc.IteratedSearchBCSettings(rounds=2, round_seeds=1)
     config = ArmsConfig(out=tmp_path / "run", training_seeds=1, demos_per_task=1, seeds_per_task=2, eval_episodes=3,
                         suite_episodes=0, best_of_k=2, best_of_k_seeds=2, eval_browsers=1, fleet=fleet, learner=learner,
-                        settings=ArmSettings(search_bc_rl=rl))  # fmt: skip
+                        settings=ArmSettings(search_bc_rl=rl, iterated_search_bc=rounds))  # fmt: skip
     report = run_arms(config)
 
     assert set(report["arms"]) == set(ARMS)
@@ -93,6 +94,9 @@ def test_a_tiny_run_trains_every_arm_and_its_twin_pairs_them_and_resumes_without
         assert seed["vs_start_best_of_k"]["k"] in (1, 2)
         assert entry["over_seeds"]["vs_twin"]["n"] == 1
     assert report["arms"]["search_bc_rl"]["seeds"]["0"]["updates"] == 1
+    assert report["arms"]["iterated_search_bc"]["seeds"]["0"]["rows"]["rounds"] == 2
+    second = json.loads((tmp_path / "run" / "seed-0" / "iterated_search_bc-round-2" / "explore.json").read_text())
+    assert second["tasks"]["unicode-test"]["first_seed"] == EXPLORE_SEED + 2  # after the start's 2 seeds
     explored = pl.read_parquet(tmp_path / "run" / "seed-0" / "explore" / "unicode-test.parquet")
     assert explored["seed"].max() < EVAL_SEED and set(explored["found_by"]) <= {"sampled", "search"}
     # A rerun reads every unit back: nothing trains or explores again.

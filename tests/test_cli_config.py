@@ -225,6 +225,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.bench.pipeline import BenchConfig
     from flywheel.bench.security import SecurityBenchConfig
     from flywheel.chaos.run import ChaosConfig
+    from flywheel.experiments.arms.iterated_search_bc import IteratedSearchBCSettings
     from flywheel.experiments.arms.offline_rl import OfflineRLSettings
     from flywheel.experiments.arms.search_bc_rl import SearchBCRLSettings
     from flywheel.experiments.explore import ExploreConfig
@@ -242,7 +243,7 @@ def config_classes() -> dict[str, type]:
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, DaemonConfig,
                EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
                ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig, ArmsConfig,
-               OfflineRLSettings, SearchBCRLSettings)  # fmt: skip
+               OfflineRLSettings, SearchBCRLSettings, IteratedSearchBCSettings)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

@@ -36,13 +36,21 @@ from core.console import say
 from core.settings import EVAL_SEED, NEW_TASKS, SUITE_TASKS
 from core.stats import mean_ci, paired_diff_ci, seeds_mean_ci
 from edge_client.runner import EdgeConfig
-from flywheel.experiments.arms import filtered_bc, offline_rl, search_bc, search_bc_rl, shuffled_labels
+from flywheel.experiments.arms import (
+    filtered_bc,
+    iterated_search_bc,
+    offline_rl,
+    search_bc,
+    search_bc_rl,
+    shuffled_labels,
+)
 from flywheel.gathering.episodes import episode_rows, run_episodes, sampling_policy, to_frame
 from flywheel.gathering.evaluation import evaluate_bundle, evaluate_model
 from learner.daemon.daemon_config import DaemonConfig
 from registry.store import RELEASE_DIR
 
-ARMS = {arm.NAME: arm for arm in (search_bc, filtered_bc, offline_rl, search_bc_rl, shuffled_labels)}
+ARMS = {arm.NAME: arm for arm in (search_bc, filtered_bc, offline_rl, search_bc_rl, shuffled_labels,
+                                  iterated_search_bc)}  # fmt: skip
 EXPLORE_SEED = 500_000  # training seed s explores seeds EXPLORE_SEED + s * SEED_STRIDE ..
 SEED_STRIDE = 10_000
 
@@ -66,6 +74,9 @@ class ArmSettings:
 
     offline_rl: offline_rl.OfflineRLSettings = field(default_factory=offline_rl.OfflineRLSettings)
     search_bc_rl: search_bc_rl.SearchBCRLSettings = field(default_factory=search_bc_rl.SearchBCRLSettings)
+    iterated_search_bc: iterated_search_bc.IteratedSearchBCSettings = field(
+        default_factory=iterated_search_bc.IteratedSearchBCSettings
+    )
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,9 @@ def check_arms_config(config: ArmsConfig) -> None:
     check_arms(config.arms)
     if min(config.training_seeds, config.seeds_per_task, config.eval_episodes, config.best_of_k) < 1:
         raise ValueError("training_seeds, seeds_per_task, eval_episodes and best_of_k must be >= 1")
-    if EXPLORE_SEED + config.training_seeds * SEED_STRIDE > EVAL_SEED or config.seeds_per_task > SEED_STRIDE:
+    later = config.settings.iterated_search_bc
+    per_training_seed = config.seeds_per_task + (later.rounds - 1) * later.round_seeds + 1_000  # + RL's rollouts
+    if EXPLORE_SEED + config.training_seeds * SEED_STRIDE > EVAL_SEED or per_training_seed > SEED_STRIDE:
         raise ValueError("the training seeds' exploration would reach the evaluation seeds")
     if not Path(config.learner.start_from).is_file():
         raise ValueError(f"start_from: no model at {config.learner.start_from!r}")
@@ -175,16 +188,34 @@ class ArmContext:
     def dir(self, arm: str) -> Path:
         return self.seed_dir / arm
 
-    def explored(self, search: bool) -> pl.DataFrame:
-        """(rows) every episode of this seed's exploration, successes and failures; search=False: the sampled runs
-        alone (column found_by: "sampled" or "search")."""
-        rows = pl.concat([pl.read_parquet(p) for p in sorted((self.seed_dir / "explore").glob("*.parquet"))],
+    @property
+    def first_seed(self) -> int:
+        """The first training seed this training seed explores (the start's exploration; later ones follow it)."""
+        return EXPLORE_SEED + self.seed * SEED_STRIDE
+
+    def explored(self, search: bool, name: str = "explore") -> pl.DataFrame:
+        """(rows) every episode of an exploration (the start's by default), successes and failures; search=False:
+        the sampled runs alone (column found_by: "sampled" or "search")."""
+        rows = pl.concat([pl.read_parquet(p) for p in sorted((self.seed_dir / name).glob("*.parquet"))],
                          how="diagonal_relaxed")  # fmt: skip
         return rows if search else rows.filter(pl.col("found_by") == "sampled")
 
-    def exploration_env_steps(self, search: bool) -> int:
-        counts = json.loads((self.seed_dir / "explore" / "explore.json").read_text())["tasks"].values()
+    def exploration_env_steps(self, search: bool, name: str = "explore") -> int:
+        counts = json.loads((self.seed_dir / name / "explore.json").read_text())["tasks"].values()
         return sum(c["env_steps_sampled"] + (c["env_steps_search"] if search else 0) for c in counts)
+
+    def explore_with(self, trained: Trained, name: str, first: int, seeds: int) -> tuple[pl.DataFrame, int]:
+        """`trained`'s model explores the new tasks as the fleet would, on training seeds first.. (`seeds` a task),
+        kept in OUT/seed-<s>/<name>/ (resumable, outside any arm's directory): (its rows, its env steps)."""
+        from learner.model.checkpoints import load_vla
+        from learner.model.export import export_bundle
+
+        bundle = self.seed_dir / name / "model.vla"
+        if not bundle.exists():
+            bundle.parent.mkdir(parents=True, exist_ok=True)
+            export_bundle(*load_vla(trained.checkpoint), bundle)
+        explore(self, name, bundle, name, first, seeds)
+        return self.explored(True, name), self.exploration_env_steps(True, name)
 
     def train_config(self, steps: int, online: bool = False):
         """The training of a retrain of `steps` (the learner daemon's: rl_lr, short warm-up, a checkpoint at the
@@ -239,7 +270,7 @@ class ArmContext:
         self._rollouts[task] = self._rollouts.get(task, 0) + 1
         offset = self.config.seeds_per_task + self._rollouts[task]
         self._policy.sampling = Sampling(temperature, 0, seed=self.seed * SEED_STRIDE + offset)
-        seed = EXPLORE_SEED + self.seed * SEED_STRIDE + offset
+        seed = self.first_seed + offset
         return run_episodes(self.shared.env, lambda _t: self._policy, [task], [seed], repeats, "rollouts", "rollouts",
                             self.config.fleet.max_steps)  # fmt: skip
 
@@ -295,40 +326,39 @@ class Shared:
         return entry
 
 
-def explore(ctx: ArmContext) -> None:
-    """This training seed's exploration of every new task by the start, as the fleet runs it (OUT/seed-<s>/explore/,
-    a parquet per task: every run and every success the search found, as rows)."""
+def explore(ctx: ArmContext, name: str, bundle: Path, version: str, first: int, seeds: int) -> None:
+    """A model's exploration of every new task on this training seed, as the fleet runs it, on seeds first.. (`seeds`
+    a task): OUT/seed-<s>/<name>/, a parquet per task (every run and every success the search found, as rows) and
+    explore.json (what each task's exploration found and cost); a task explored already is not again."""
     from edge_client.env import EnvConfig, GuiEnv
     from edge_client.exploration import NewTaskSampler
     from edge_client.runner import RunSummary, exploration, explore_seed
     from policy.runtime import load_policy
 
-    out, fleet = ctx.seed_dir / "explore", replace(ctx.config.fleet, client_id=f"arms-{ctx.seed}")
+    out, fleet = ctx.seed_dir / name, replace(ctx.config.fleet, client_id=f"arms-{ctx.seed}-{name}")
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "explore.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {"tasks": {}}
     base = replace(exploration(fleet), seed=ctx.seed)
-    policy = load_policy(ctx.shared.dir / "model-start.vla", "start", intra_op_threads=fleet.intra_op_threads,
-                         sampling=base)  # fmt: skip
-    sampler, first = NewTaskSampler(fleet.new_task_temperature, fleet.new_task_min_temperature), None
+    policy = load_policy(bundle, version, intra_op_threads=fleet.intra_op_threads, sampling=base)
+    sampler = NewTaskSampler(fleet.new_task_temperature, fleet.new_task_min_temperature)
     with GuiEnv(fleet.new_tasks[0], EnvConfig(read_dom=False)) as env:
         for task in fleet.new_tasks:
             if task in report["tasks"]:
                 continue
             started, summary, rows, run, sampled = time.monotonic(), RunSummary(fleet.client_id), [], 0, 0
-            first = EXPLORE_SEED + ctx.seed * SEED_STRIDE
-            for seed in range(first, first + ctx.config.seeds_per_task):
+            for seed in range(first, first + seeds):
                 group, found = explore_seed(env, policy, sampler, base, fleet, summary, task, seed, run)
                 for i, result in enumerate(group + found):
                     kind = "sampled" if i < len(group) else "search"
-                    for row in episode_rows(result, f"explore-{ctx.seed}-{task}-{seed}-{i}", "start"):
+                    for row in episode_rows(result, f"{name}-{ctx.seed}-{task}-{seed}-{i}", version):
                         rows.append(row | {"found_by": kind})
                 run, sampled = run + len(group), sampled + sum(r.steps for r in group)
             frame = to_frame(rows).with_columns(pl.Series("found_by", [r["found_by"] for r in rows]))
             frame.write_parquet(out / f"{task}.parquet")
             episodes = frame.unique("episode_id")
             report["tasks"][task] = {
-                "seeds": ctx.config.seeds_per_task, "env_steps_sampled": sampled,
+                "seeds": seeds, "first_seed": first, "env_steps_sampled": sampled,
                 "env_steps_search": summary.search["env_steps"], "searches": summary.search["searches"],
                 "sampled_successes": episodes.filter((pl.col("found_by") == "sampled") & pl.col("success")).height,
                 "seeds_with_success": episodes.filter(pl.col("success"))["seed"].n_unique(),
@@ -336,7 +366,7 @@ def explore(ctx: ArmContext) -> None:
                                                               & pl.col("success"))["seed"].n_unique(),
                 "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
             report_path.write_text(json.dumps(report, indent=2))
-            say(f"seed {ctx.seed} explore {task}: {report['tasks'][task]}")
+            say(f"seed {ctx.seed} {name} {task}: {report['tasks'][task]}")
 
 
 def run_arm(ctx: ArmContext, arm: str) -> Trained:
@@ -386,7 +416,7 @@ def run_arms(config: ArmsConfig) -> dict:
         write_report(config, shared)
         for seed in range(config.training_seeds):
             ctx = ArmContext(config, shared, seed)
-            explore(ctx)
+            explore(ctx, "explore", shared.dir / "model-start.vla", "start", ctx.first_seed, config.seeds_per_task)
             for arm in config.arms:
                 trained = run_arm(ctx, arm)
                 run_twin(ctx, trained.steps)
