@@ -49,8 +49,9 @@ from flywheel.gathering.evaluation import evaluate_bundle, evaluate_model
 from learner.daemon.daemon_config import DaemonConfig
 from registry.store import RELEASE_DIR
 
-ARMS = {arm.NAME: arm for arm in (search_bc, filtered_bc, offline_rl, search_bc_rl, shuffled_labels,
-                                  iterated_search_bc)}  # fmt: skip
+# In the order they run: the arms that build on search_bc's model follow it, the most telling first.
+ARMS = {arm.NAME: arm for arm in (search_bc, iterated_search_bc, filtered_bc, offline_rl, search_bc_rl,
+                                  shuffled_labels)}  # fmt: skip
 EXPLORE_SEED = 500_000  # training seed s explores seeds EXPLORE_SEED + s * SEED_STRIDE ..
 SEED_STRIDE = 10_000
 
