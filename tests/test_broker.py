@@ -103,3 +103,10 @@ def _broker_pids(settings: Settings) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def test_the_brokers_own_files_are_where_the_jars_module_points():
+    """The JVM's logging config and the ops files ship beside the code; a moved module must not lose them."""
+    from streams.broker.jars import LOG4J2_CONFIG, OPS_DIR
+
+    assert OPS_DIR.is_dir() and LOG4J2_CONFIG.is_file()

@@ -12,7 +12,7 @@ from core.processes import file_lock
 from core.settings import Settings
 from streams.broker.files import BrokerError, tail
 
-OPS_DIR = Path(__file__).resolve().parents[1] / "ops" / "kafka"
+OPS_DIR = Path(__file__).resolve().parents[2] / "ops" / "kafka"
 POM = OPS_DIR / "pom.xml"
 LOG4J2_CONFIG = OPS_DIR / "log4j2.properties"
 
