@@ -15,9 +15,10 @@ best-of-K (K samples a seed, success if any: search at test time, with the verif
 best_of_k_seeds is compared with each arm's greedy success at the budget-matched K: the K whose extra test-time
 environment steps on the evaluation's seeds equal what the arm's exploration spent.
 
-Resumes unit by unit: OUT/shared/ (demonstrations, the start's evaluations), OUT/seed-<s>/explore/ (a parquet per
-task), OUT/seed-<s>/<arm>/ (trained.json and its evaluation; an arm found without trained.json trains again from
-scratch), OUT/seed-<s>/twin-<steps>/; OUT/arms.json is rewritten after each unit.
+Resumes unit by unit: OUT/shared/ (demonstrations, the start's evaluations), OUT/seed-<s>/explore/ (the start's
+exploration, a parquet per task; a later model's in OUT/seed-<s>/<its name>/), OUT/seed-<s>/<arm>/ (trained.json and
+its evaluation; an arm found without trained.json trains again from scratch), OUT/seed-<s>/twin-<steps>/;
+OUT/arms.json is rewritten after each unit.
 """
 
 from __future__ import annotations
