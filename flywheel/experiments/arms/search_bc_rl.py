@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from learner.algorithms.online_rl import OnlineRLConfig, task_weights
-from learner.algorithms.stages import StageData, StageRun, repeated, run_stage, with_extra
+from learner.algorithms.stages import StageData, StageRun, run_stage, with_extra
 from learner.data.teacher_labels import filtered_successes
 
 NAME = "search_bc_rl"
@@ -45,7 +45,7 @@ SETTINGS = SearchBCRLSettings
 
 def train(ctx, settings: SearchBCRLSettings):
     bc = ctx.result_of(AFTER)
-    anchor = with_extra(ctx.demos, repeated(filtered_successes(ctx.explored(search=True), ctx.tasks), 1))
+    anchor = with_extra(ctx.demos, filtered_successes(ctx.explored(search=True), ctx.tasks))
     online = OnlineRLConfig(guidance="anchor")
     checkpoint, env_steps, history = bc.checkpoint, 0, {t: [] for t in ctx.tasks}
     rng = np.random.default_rng([ctx.seed, 7])
