@@ -219,9 +219,17 @@ def _assemble(cls: type, flat: dict[str, Any], instance: Any) -> dict[str, Any]:
     return values
 
 
+class ConfigError(ValueError):
+    """A config refused the values its flags parsed into (its own check, in __post_init__): a usage error."""
+
+
 def config_from(namespace: argparse.Namespace, cls: type, **extra: Any) -> Any:
-    """`cls` from its parsed flags; `extra` supplies (or replaces) fields that are not flags."""
-    return cls(**{**config_values(namespace, cls), **extra})
+    """`cls` from its parsed flags; `extra` supplies (or replaces) fields that are not flags. A value the config
+    (or a node of it) refuses raises ConfigError, which the CLI reports as a usage error (exit 2)."""
+    try:
+        return cls(**{**config_values(namespace, cls), **extra})
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def config_argv(

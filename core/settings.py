@@ -140,21 +140,6 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._-]{1,100}$",
         description="Prefix of every topic name, so several flywheels can share a cluster.",
     )
-    max_screenshot_bytes: int = Field(512 * 1024, gt=0, description="A step with a larger screenshot is dead-lettered.")
-    dedup_window_s: float = Field(
-        3600.0,
-        gt=0.0,
-        description="The sinks hold the identities (event_id, ...) of rows produced this recently in memory to drop "
-        "repeats (an edge re-send, an episode re-emitted after a crash); older events are looked up in Delta instead. "
-        "Memory: about 140 bytes per step in the window (1000 steps/s for an hour: ~0.5 GB).",
-    )
-    abandon_after_s: float = Field(
-        300.0,
-        gt=0.0,
-        description="An open episode that gets no step while its steps partition's event time (the steps' produced_at, "
-        "not the wall clock) moves on this many seconds is closed as abandoned (processors.assembly): emitted with "
-        "its steps so far, never a success; a later step of it lands in `steps` and is counted as late.",
-    )
     metrics_host: str = Field("127.0.0.1", description="Interface the /metrics endpoints bind to.")
     listen_host: str = Field(
         "127.0.0.1", description="Interface the local broker's client listener binds to (its controller: loopback)."
@@ -172,17 +157,10 @@ class Settings(BaseSettings):
     ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mutual TLS; optional.")
     ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of ssl_certfile; optional.")
 
-    edge_spool_max_bytes: int = Field(
-        256 * 1024 * 1024,
-        gt=0,
-        description="Bound of an edge client's on-disk spool of events Kafka has not acknowledged.",
-    )
+    # The deployment's rollout policy, read alike by every client (its channel), the learner (where a version goes)
+    # and the canary controller: one value for all of them, so it is the environment's, not a process's flag.
     canary_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of the fleet that runs new versions first (0: no canary stage)."
-    )
-    canary_min_episodes: int = Field(20, ge=1, description="Live episodes on each side before a canary verdict.")
-    canary_margin: float = Field(
-        0.05, ge=0.0, le=1.0, description="Promote unless canary success < stable success - margin."
     )
     require_signed_models: bool = Field(True, description="Clients refuse models not signed by a trusted key.")
     max_model_bytes: int = Field(
@@ -190,9 +168,6 @@ class Settings(BaseSettings):
         gt=0,
         description="A model artifact (and its inflated members) over this many bytes is "
         "refused before it is read whole: a bundle is a few MB.",
-    )
-    maintenance_interval_s: float = Field(
-        0.0, ge=0.0, description="Seconds between the worker's Delta maintenance passes (0: off; `flywheel maintain`)."
     )
 
     @field_validator("data_dir", mode="before")

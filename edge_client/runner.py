@@ -23,7 +23,7 @@ from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import StepRecord, run_episode
 from edge_client.exploration import NewTaskSampler
 from edge_client.search import SearchBudget, SearchResult, search_failure
-from edge_client.spool import Spool, SpooledRecord, SpoolingPublisher, spool_dir
+from edge_client.spool import SPOOL_MAX_BYTES, Spool, SpooledRecord, SpoolingPublisher, spool_dir
 from edge_client.teacher import Teacher, TeacherConfig
 from policy.interface import Policy
 from policy.sampling import Sampling
@@ -73,6 +73,9 @@ class EdgeConfig:
     """Stop at the first episode boundary after this many seconds (0: run all episodes)."""
     spool_timeout_s: float = 120.0
     """At exit, how long to wait for the spool to reach Kafka (what is left is sent by the next run)."""
+    spool_max_bytes: int = SPOOL_MAX_BYTES
+    """Bound of the on-disk spool of events Kafka has not acknowledged: at the bound the client stops with an error
+    that says so, rather than fill the disk."""
     ledger_path: Path | None = None
     """Append each step's line 'event_id episode_id' (' end' after an episode's final step) to this file once it is
     in the spool (a client's own record of what it owes the tables: `flywheel chaos` checks each is in Delta exactly
@@ -98,6 +101,10 @@ class EdgeConfig:
     (edge_client.search: the seed reset, its prefix replayed, the policy's other likely actions and then the
     screen's elements, read from its pixels, tried at a failing step, the policy finishing each branch; 0: no
     search). Its successes are published as episodes of their own."""
+
+    def __post_init__(self) -> None:
+        if self.spool_max_bytes <= 0:
+            raise ValueError(f"spool_max_bytes must be > 0, not {self.spool_max_bytes}")
 
 
 # `flywheel edge`'s flags where they are not --field-name: the CLI derives its parser with them (flywheel.cli), the
@@ -168,7 +175,7 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     # run of this client left there (killed, or stopped before Kafka took it) goes first; a run of this client still
     # alive holds the spool, and this one stops here with SpoolInUse instead of sending its records a second time.
     publisher = SpoolingPublisher(
-        Spool(spool_dir(settings.home, config.client_id), settings.edge_spool_max_bytes),
+        Spool(spool_dir(settings.home, config.client_id), config.spool_max_bytes),
         lambda: make_producer(settings, config.client_id),
         on_delivered,
     )

@@ -59,8 +59,11 @@ class SpooledRecord:
     value: bytes
 
 
+SPOOL_MAX_BYTES = 256 * 1024 * 1024  # a client's default bound (EdgeConfig.spool_max_bytes)
+
+
 class Spool:
-    def __init__(self, directory: Path, max_bytes: int):
+    def __init__(self, directory: Path, max_bytes: int = SPOOL_MAX_BYTES):
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
@@ -100,7 +103,7 @@ class Spool:
             if self.size() - self.cursor + len(record) > self.max_bytes:
                 raise SpoolFull(
                     f"edge spool {self.directory} holds {self.size() - self.cursor} unsent bytes and the next event "
-                    f"needs {len(record)}; bound is {self.max_bytes} (FLYWHEEL_EDGE_SPOOL_MAX_BYTES). Kafka has been "
+                    f"needs {len(record)}; bound is {self.max_bytes} (--spool-max-bytes). Kafka has been "
                     f"unreachable too long; the {self.pending_records} spooled events are kept and sent on restart."
                 )
             self._writer.write(record)

@@ -14,7 +14,14 @@ from pathlib import Path
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from pydantic import ValidationError
 
-from core.cli_config import DefaultsHelpFormatter, add_config_arguments, config_argv, config_from, config_values
+from core.cli_config import (
+    ConfigError,
+    DefaultsHelpFormatter,
+    add_config_arguments,
+    config_argv,
+    config_from,
+    config_values,
+)
 from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
 
 
@@ -111,7 +118,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         return supervise(worker, "faust worker")
     from processors.worker import run_worker
 
-    run_worker(get_settings(), metrics_port=config.metrics_port, loglevel=config.loglevel)
+    run_worker(get_settings(), config)
     return 0
 
 
@@ -354,15 +361,16 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
 
 def _canary(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--interval", type=float, default=10.0, help="seconds between reviews")
-    p.add_argument("--once", action="store_true", help="review once and exit")
+    from flywheel.admin.canary import CanaryConfig
+
+    add_config_arguments(p, CanaryConfig)
     p.set_defaults(func=cmd_canary)
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
-    from flywheel.admin.canary import run_canary_controller
+    from flywheel.admin.canary import CanaryConfig, run_canary_controller
 
-    run_canary_controller(get_settings(), interval_s=args.interval, once=args.once)
+    run_canary_controller(get_settings(), config_from(args, CanaryConfig))
     return 0
 
 
@@ -417,13 +425,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="tables directory to rebuild into (fresh, or a replay to resume)")
     p.add_argument("--no-compare", action="store_true", help="only rebuild, do not compare with the live tables")
+    from flywheel.admin.replay import NOT_REPLAY_FLAGS
+    from processors.worker_config import WorkerConfig
+
+    add_config_arguments(p, WorkerConfig, exclude=NOT_REPLAY_FLAGS)
     p.set_defaults(func=cmd_replay)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from flywheel.admin.replay import replay_and_compare
+    from processors.worker_config import WorkerConfig
 
-    return 0 if replay_and_compare(get_settings(), Path(args.out), compare=not args.no_compare) else 1
+    worker = config_from(args, WorkerConfig)  # the flags it has; the rest at their defaults
+    return 0 if replay_and_compare(get_settings(), Path(args.out), worker, compare=not args.no_compare) else 1
 
 
 def _dlq(p: argparse.ArgumentParser) -> None:
@@ -554,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except ConfigError as error:
+        print(f"flywheel {command}: {error}", file=sys.stderr)
+        return 2
     except (KafkaConnectionError, KafkaTimeoutError) as error:
         print(f"flywheel: no Kafka broker answers at {settings.bootstrap} ({error}); start the local one with "
               "`flywheel kafka up`, or set FLYWHEEL_BOOTSTRAP_SERVERS", file=sys.stderr)  # fmt: skip

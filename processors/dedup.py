@@ -5,7 +5,7 @@ a redelivered record; this drops a record that is in the log twice at two offset
 re-sent (the client died between Kafka's acknowledgement and its cursor write), an episode that assembly
 emitted again after a crash.
 
-`RecentIds` holds the identities of the table's rows produced within a window (settings.dedup_window_s) in
+`RecentIds` holds the identities of the table's rows produced within a window (WorkerConfig.dedup_window_s) in
 memory, by time bucket, so memory stays bounded however long the worker runs. Every copy of a row carries the
 same `produced_at` (a re-send is the same bytes; an episode's is its final step's), so for a row produced at or
 after the index's horizon, the index alone knows whether a copy is in the table. An older row is looked up in

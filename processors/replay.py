@@ -32,6 +32,7 @@ from processors.curation import episode_history
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink
 from processors.messages import BATCH_MAX, episode_records, step_records
+from processors.worker_config import WorkerConfig
 from streams.kafka_clients import make_consumer
 from streams.topics import topics_for
 
@@ -110,17 +111,20 @@ class ReplaySummary:
 def replay(
     settings: Settings,
     out_dir: Path,
+    worker: WorkerConfig | None = None,
     batch_size: int = BATCH_MAX,
     progress: Callable[[ReplaySummary], None] | None = None,
 ) -> ReplaySummary:
-    """Rebuild `steps`, `episodes` and `training_samples` under `out_dir` from the log of `settings`' topics."""
+    """Rebuild `steps`, `episodes` and `training_samples` under `out_dir` from the log of `settings`' topics, with
+    the screenshot bound and dedup window of the workers that wrote the live tables (`worker`; None: the defaults)."""
+    worker = worker or WorkerConfig()
     started = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     topics = topics_for(settings)
     steps_topic, episodes_topic = topics.steps.name, topics.episodes.name
     step_ids, episode_ids, sample_ids = (
-        RecentIds(DeltaSink(out_dir, table), settings.dedup_window_s) for table in (STEPS, EPISODES, TRAINING_SAMPLES)
+        RecentIds(DeltaSink(out_dir, table), worker.dedup_window_s) for table in (STEPS, EPISODES, TRAINING_SAMPLES)
     )
 
     consumer = make_consumer(settings, "flywheel-replay", consumer_timeout_ms=1000, fetch_max_bytes=64 * 1024 * 1024)
@@ -137,7 +141,7 @@ def replay(
                 return
             summary.records[topic] += len(batch)
             if topic == steps_topic:
-                steps = step_records(batch, settings.max_screenshot_bytes)
+                steps = step_records(batch, worker.max_screenshot_bytes)
                 summary.dead_letters += len(steps.dead)
                 summary.rows[STEPS] += _write(step_ids, steps.records)
             else:

@@ -20,7 +20,7 @@ import faust
 import uvloop
 
 from core.metrics import serve_metrics
-from core.settings import Settings, get_settings
+from core.settings import Settings
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors import maintenance, metrics
 from processors.assembly import EpisodeAssembler
@@ -31,6 +31,7 @@ from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
 from processors.lag import LagExporter
 from processors.messages import BATCH_MAX, dead_among, dead_letter_headers, episode_records, step_records
+from processors.worker_config import WorkerConfig
 from schemas import encode_event
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,11 @@ def crash(error: BaseException) -> None:
     os._exit(70)
 
 
-def build_app(settings: Settings) -> faust.App:
+def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
     app = make_app(settings)
     topics = app_topics(app, settings)
     batchers: list[Batcher] = []
-    assembler = EpisodeAssembler(settings.tables_dir, settings.abandon_after_s, on_late=metrics.LATE_STEPS.inc)
+    assembler = EpisodeAssembler(settings.tables_dir, config.abandon_after_s, on_late=metrics.LATE_STEPS.inc)
 
     @app.on_partitions_assigned.connect
     async def forget_lost_partitions(_app, assigned, **_kwargs) -> None:
@@ -94,10 +95,10 @@ def build_app(settings: Settings) -> faust.App:
     @app.agent(topics["steps"])
     async def ingest_steps(stream):
         sink = DeltaSink(settings.tables_dir, STEPS)
-        step_ids = RecentIds(sink, settings.dedup_window_s)
+        step_ids = RecentIds(sink, config.dedup_window_s)
 
         async def write_steps(events) -> None:
-            batch = step_records((event.message for event in events), settings.max_screenshot_bytes)
+            batch = step_records((event.message for event in events), config.max_screenshot_bytes)
             fresh = batch.keep_only(await asyncio.to_thread(step_ids.fresh, batch.records))
             # Dead letters and finished episodes reach Kafka before the commit (faust's send only buffers,
             # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
@@ -123,8 +124,8 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.agent(topics["episodes"])
     async def sink_episodes(stream):
-        episode_ids = RecentIds(DeltaSink(settings.tables_dir, EPISODES), settings.dedup_window_s)
-        sample_ids = RecentIds(DeltaSink(settings.tables_dir, TRAINING_SAMPLES), settings.dedup_window_s)
+        episode_ids = RecentIds(DeltaSink(settings.tables_dir, EPISODES), config.dedup_window_s)
+        sample_ids = RecentIds(DeltaSink(settings.tables_dir, TRAINING_SAMPLES), config.dedup_window_s)
 
         async def write_episodes(events) -> None:
             history = functools.partial(episode_history, episode_ids.sink)
@@ -159,7 +160,7 @@ async def _commit(sink: DeltaSink, fresh: list[Record]) -> None:
     metrics.DELTA_ROWS.labels(sink.table).inc(rows)
 
 
-def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel: str = "warning") -> None:
+def run_worker(settings: Settings, config: WorkerConfig) -> None:
     """Run the faust worker in the foreground until SIGTERM/SIGINT."""
     # faust runs two event loops (the agents', and the consumer thread's) whose scheduling took about a
     # quarter of the worker's CPU; uvloop's loop is C (measured +15% steps/s).
@@ -168,15 +169,14 @@ def run_worker(settings: Settings | None = None, metrics_port: int = 0, loglevel
     # generation every couple of dozen events: collect less often and keep the startup heap out of it (+12%).
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    settings = settings or get_settings()
     if not settings.data_is_remote:
         Path(settings.tables_dir).mkdir(parents=True, exist_ok=True)
-    serve_metrics("flywheel-processors", settings.metrics_host, metrics_port)
+    serve_metrics("flywheel-processors", settings.metrics_host, config.metrics_port)
     LagExporter(settings).start()  # consumer lag from Delta offsets, kafka_exporter's names
-    if settings.maintenance_interval_s > 0:  # its own thread, never a sink's: compaction does not block a commit
-        maintenance.start_background(settings, settings.maintenance_interval_s)
-    app = build_app(settings)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    if config.maintenance_interval_s > 0:  # its own thread, never a sink's: compaction does not block a commit
+        maintenance.start_background(settings, config.maintenance_interval_s)
+    app = build_app(settings, config)
+    worker = faust.Worker(app, loglevel=config.loglevel, quiet=True)
     # faust's terminal spinner sets the root logger to DEBUG so that every record moves it: each debug
     # call in faust and aiokafka then builds a LogRecord per event. A service has no terminal to spin.
     worker.spinner = None

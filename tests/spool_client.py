@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--cut-after", type=int, default=None)
     args = parser.parse_args()
     settings = Settings()
-    spool = Spool(spool_dir(settings.home, args.client_id), settings.edge_spool_max_bytes)
+    spool = Spool(spool_dir(settings.home, args.client_id))
     topic = topics_for(settings).steps.name
     run = f"{args.client_id}-{os.getpid()}"  # episode ids of this run alone: a restarted client starts new ones
     episodes = [f"{run}-click-test-{n}-{n}" for n in range(args.steps // 3 + 1)]

@@ -12,6 +12,7 @@ from processors.delta_sink import DeltaSink, Record
 from processors.messages import episode_records
 from processors.metrics import count_episode
 from processors.table_rows import episode_row, step_row
+from processors.worker_config import WorkerConfig
 from schemas import StepEvent, Verify, decode_event, encode_event
 from tests.factories import step_event, v1_step_bytes
 
@@ -276,9 +277,8 @@ def test_the_worker_tells_assembly_its_steps_partitions_after_a_rebalance_and_co
         return built[-1]
 
     monkeypatch.setattr(worker, "EpisodeAssembler", build)
-    settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p",
-                        abandon_after_s=42)  # fmt: skip
-    app = worker.build_app(settings)
+    settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p")
+    app = worker.build_app(settings, WorkerConfig(abandon_after_s=42))
     asyncio.run(app.on_partitions_assigned.send({TP("p.steps", 2), TP("p.episodes", 1), TP("p.steps", 0)}))
     assert told == [[0, 2]]
     (assembler,) = built

@@ -8,7 +8,7 @@ import pytest
 from kafka import TopicPartition
 
 from edge_client.model_updates import ModelVersionWatcher
-from flywheel.admin.canary import LiveSuccess, decide, review_canary
+from flywheel.admin.canary import CanaryConfig, LiveSuccess, decide, review_canary
 from lake.tables import EPISODES
 from processors.delta_sink import DeltaSink, Record
 from processors.scoring import EpisodeProgress, score_episode
@@ -55,7 +55,7 @@ def _live_episodes(settings, version: str, successes: int, failures: int, offset
 
 @pytest.mark.kafka
 def test_controller_rolls_back_a_worse_canary_and_promotes_a_good_one(stack):
-    settings = stack.settings.model_copy(update={"canary_min_episodes": 20})
+    settings, config = stack.settings, CanaryConfig(min_episodes=20)
     _version(settings, "sft-0001", "stable")
     _version(settings, "sft-0002", "canary")
     canary_client = ModelVersionWatcher(settings, "edge-canary", channel="canary")
@@ -63,15 +63,15 @@ def test_controller_rolls_back_a_worse_canary_and_promotes_a_good_one(stack):
 
     _live_episodes(settings, "sft-0001", successes=18, failures=2, offset=0)  # stable 0.9
     _live_episodes(settings, "sft-0002", successes=10, failures=5, offset=100)  # 15 episodes: too few
-    assert review_canary(settings) is None
+    assert review_canary(settings, config) is None
     _live_episodes(settings, "sft-0002", successes=0, failures=5, offset=200)  # canary 0.5 over 20
-    rollback = review_canary(settings)
+    rollback = review_canary(settings, config)
     assert rollback.decision == "rollback" and rollback.canary_episodes == 20
     assert _settle(canary_client).version == "sft-0001"  # canary clients are back on stable
 
     _version(settings, "sft-0003", "canary")
     _live_episodes(settings, "sft-0003", successes=19, failures=1, offset=300)
-    promote = review_canary(settings)
+    promote = review_canary(settings, config)
     assert promote.decision == "promote" and promote.canary_version == "sft-0003"
     stable_client = ModelVersionWatcher(settings, "edge-stable", channel="stable")
     assert _settle(stable_client).version == "sft-0003"

@@ -19,11 +19,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 
 
 def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path: Path) -> None:
-    settings = isolated_broker_settings(tmp_path / "home", "chaos").model_copy(update={"abandon_after_s": 20.0})
+    settings = isolated_broker_settings(tmp_path / "home", "chaos")
     faults = "kill_worker,kill_browser,kill9_client,power_loss"
     run = chaos_run()
     fleet = replace(run.fleet, tasks=("click-test", "click-button-sequence"))  # two-step episodes to be killed in
-    run = replace(run, minutes=3.5, out=tmp_path / "chaos", fleet=fleet)
+    worker = replace(run.worker, abandon_after_s=20.0)  # the killed clients' episodes close within the run
+    run = replace(run, minutes=3.5, out=tmp_path / "chaos", fleet=fleet, worker=worker)
     config = ChaosConfig(run, seed=3, strikes=1, warmup_s=40, recover_s=20, faults=faults)
     report = run_chaos(config, settings)
     ledger = report["ledger"]

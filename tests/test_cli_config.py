@@ -217,6 +217,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 def config_classes() -> dict[str, type]:
     from edge_client.runner import EdgeConfig
     from edge_client.teacher import TeacherConfig
+    from flywheel.admin.canary import CanaryConfig
     from flywheel.admin.spool import SpoolReplayConfig
     from flywheel.bench.edge import EdgeBenchConfig
     from flywheel.bench.env import EnvBenchConfig
@@ -243,7 +244,7 @@ def config_classes() -> dict[str, type]:
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, DaemonConfig,
                EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
                ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig, ArmsConfig,
-               OfflineRLSettings, SearchBCRLSettings, IteratedSearchBCSettings)  # fmt: skip
+               OfflineRLSettings, SearchBCRLSettings, IteratedSearchBCSettings, CanaryConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 
@@ -360,9 +361,7 @@ REFUSED = {
     "kafka_heap": ["lots", "384", "0m"], "kafka_version": ["latest", "4"], "s3proxy_version": ["../4.1.0"],
     "data_dir": ["", " ", "http://host/x", "s3://", "s3:///prefix"], "s3_endpoint": ["localhost:9000", "ftp://x"],
     "s3_region": [""], "topic_partitions": ["0"], "topic_retention_ms": ["-2"], "topic_prefix": ["a b", "a/b", ""],
-    "max_screenshot_bytes": ["0"], "edge_spool_max_bytes": ["-1"], "canary_fraction": ["1.5", "-0.1"],
-    "canary_min_episodes": ["0"], "canary_margin": ["2"], "dedup_window_s": ["0"], "abandon_after_s": ["0", "-5"],
-    "max_model_bytes": ["0"],
+    "canary_fraction": ["1.5", "-0.1"], "max_model_bytes": ["0"],
     "security_protocol": ["TLS", "plaintext "], "sasl_mechanism": ["SCRAM"], "require_signed_models": ["maybe"],
 }  # fmt: skip
 
@@ -394,6 +393,25 @@ def test_every_setting_takes_junk_as_a_value_or_a_refusal_naming_its_variable(mo
                     assert SECRET not in message and "x" * 300 not in message, f"{variable}: it echoes the value"
                 else:
                     assert value not in REFUSED.get(name, []), f"{variable}={value!r} was accepted"
+
+
+def test_a_value_a_config_refuses_is_a_usage_error_naming_the_field_before_anything_starts(capsys):
+    """A config's own check (its __post_init__) turns into exit 2 and one line naming the field, not a traceback,
+    and nothing starts: the worker would otherwise run, and the client open a browser."""
+    from flywheel.cli import main
+
+    for argv, field_name in [
+        (["process", "--no-restart", "--abandon-after-s", "0"], "abandon_after_s"),
+        (["process", "--no-restart", "--dedup-window-s", "nan"], "dedup_window_s"),
+        (["process", "--no-restart", "--maintenance-interval-s", "-1"], "maintenance_interval_s"),
+        (["replay", "--out", "x", "--max-screenshot-bytes", "0"], "max_screenshot_bytes"),
+        (["edge", "--client-id", "c", "--teacher-ask", "bogus"], "teacher_ask"),
+        (["edge", "--client-id", "c", "--spool-max-bytes", "0"], "spool_max_bytes"),
+        (["canary", "--min-episodes", "0"], "min_episodes"),
+    ]:
+        assert main(argv) == 2, argv
+        error = capsys.readouterr().err
+        assert error.startswith(f"flywheel {argv[0]}: ") and field_name in error and "Traceback" not in error, error
 
 
 def test_a_wrong_setting_is_a_usage_error_of_the_cli_not_a_traceback():

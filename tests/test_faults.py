@@ -38,6 +38,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, table_uri
 from processors.compare import compare_tables
 from processors.delta_sink import app_id
 from processors.replay import replay
+from processors.worker_config import WorkerConfig
 from schemas import encode_event
 from streams.broker import local_broker
 from streams.kafka_clients import make_admin, make_consumer, make_producer
@@ -352,7 +353,7 @@ def test_dead_letters_keep_original_bytes_and_reason_and_dlq_lists_them(pipeline
     raw = msgspec.msgpack.decode(encode_event(step_event()))
     unknown_version = msgspec.msgpack.encode(raw | {"schema_version": 99})
     missing_field = msgspec.msgpack.encode({k: v for k, v in raw.items() if k != "episode_id"})
-    oversize = encode_event(step_event(screenshot=b"\0" * (pipeline.settings.max_screenshot_bytes + 1)))
+    oversize = encode_event(step_event(screenshot=b"\0" * (WorkerConfig().max_screenshot_bytes + 1)))
     bad = {
         "undecodable": b"\xc1 not msgpack at all",
         "unknown_schema_version": unknown_version,

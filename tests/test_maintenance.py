@@ -339,7 +339,7 @@ def test_exactly_once_across_maintenance_and_a_full_redelivery(stack, tmp_path):
     finally:
         admin.close()
     # the restarted worker maintains its tables itself too, in the background
-    restarted = stack.start_worker(env={**FAST_FAILOVER, "FLYWHEEL_MAINTENANCE_INTERVAL_S": "1"})
+    restarted = stack.start_worker("--maintenance-interval-s=1", env=FAST_FAILOVER)
     second = episodes("n", 100)
     producer = Producer(settings, second, rate=300.0)
     producer.start()

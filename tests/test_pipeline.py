@@ -12,6 +12,7 @@ from msgspec.structs import replace
 from core.processes import Child, wait_until
 from lake.queries import episode_stats, step_count
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, table_uri
+from processors.worker_config import WorkerConfig
 from schemas import encode_event
 from streams.kafka_clients import MAX_REQUEST_BYTES, make_producer
 from streams.topics import topics_for
@@ -81,7 +82,7 @@ def test_malformed_events_go_to_dead_letters_and_the_stream_goes_on(stack):
     settings, worker = stack.settings, stack.start_worker()
     good_before = episode("c1", 1)
     bad_field = encode_event(step_event()).replace(b"\xa4step\x00", b"\xa4step\xa1x")  # step: "x"
-    oversize = step_event(screenshot=b"\0" * (settings.max_screenshot_bytes + 1))
+    oversize = step_event(screenshot=b"\0" * (WorkerConfig().max_screenshot_bytes + 1))
     good_after = episode("c1", 2, steps=1, reward=-1.0)
     huge = b"\xc1" + b"x" * (MAX_REQUEST_BYTES - 64 * 1024)  # near the steps topic's limit: the letter is larger
     produce(settings, [*good_before, b"\xc1 definitely not msgpack", bad_field, oversize, huge, *good_after])
@@ -145,13 +146,12 @@ def test_an_episode_left_open_by_a_killed_worker_and_a_gone_client_is_closed_by_
     partition again. The restarted worker recovers the open episode from `steps` and, its partition quiet for the gap
     of wall clock, closes it as abandoned, once."""
     settings, gone = stack.settings, "c0-click-test-1-1"
-    env = {"FLYWHEEL_ABANDON_AFTER_S": "8"}
     produce(settings, [step_event(gone, step=0, done=False, reward=0.0)])
-    worker = stack.start_worker("--no-restart", env=env)
+    worker = stack.start_worker("--no-restart", "--abandon-after-s=8")
     wait_until(landed(settings, worker, 1), 120, what="the open episode's step in Delta")
     worker.stop(signal.SIGKILL, timeout=5)  # before the gap: it dies holding the episode open
     assert episode_stats(settings.tables_dir)["episodes"] == 0
-    worker = stack.start_worker("--no-restart", env=env)
+    worker = stack.start_worker("--no-restart", "--abandon-after-s=8")
     wait_until(lambda: episode_stats(settings.tables_dir)["episodes"] >= 1, 90, what="the abandoned episode")
     time.sleep(10)  # another gap: a second close would have come by now
     import polars as pl

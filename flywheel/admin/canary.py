@@ -29,6 +29,24 @@ from streams.topics import topics_for
 
 
 @dataclass(frozen=True)
+class CanaryConfig:
+    """`flywheel canary`: how often the controller reviews the canary, and the evidence a verdict needs."""
+
+    interval_s: float = 10.0
+    """Seconds between reviews."""
+    once: bool = False
+    """Review once and exit."""
+    min_episodes: int = 20
+    """Live episodes on each side (canary, stable) before a verdict."""
+    margin: float = 0.05
+    """Promote unless the canary's live success is below stable's by more than this."""
+
+    def __post_init__(self) -> None:
+        if self.min_episodes < 1 or not 0 <= self.margin <= 1 or not 0 < self.interval_s < float("inf"):
+            raise ValueError(f"min_episodes must be >= 1, margin in [0, 1] and interval_s > 0, not {self}")
+
+
+@dataclass(frozen=True)
 class LiveSuccess:
     episodes: int
     successes: int
@@ -65,7 +83,7 @@ def publish_channel(settings: Settings, event: ModelVersionEvent, channel: str) 
         producer.close()
 
 
-def review_canary(settings: Settings) -> RolloutDecisionEvent | None:
+def review_canary(settings: Settings, config: CanaryConfig) -> RolloutDecisionEvent | None:
     """One review: decide on the current canary if there is enough evidence, and act on it."""
     channels = latest_by_channel(settings)
     canary, stable = channels.get("canary"), channels.get("stable")
@@ -74,7 +92,7 @@ def review_canary(settings: Settings) -> RolloutDecisionEvent | None:
     success = live_success(settings.tables_dir)
     canary_live = success.get(canary.version, LiveSuccess(0, 0))
     stable_live = success.get(stable.version, LiveSuccess(0, 0))
-    verdict = decide(canary_live, stable_live, settings.canary_margin, settings.canary_min_episodes)
+    verdict = decide(canary_live, stable_live, config.margin, config.min_episodes)
     if verdict is None:
         return None
     decision, reason = verdict
@@ -88,7 +106,7 @@ def review_canary(settings: Settings) -> RolloutDecisionEvent | None:
         canary_episodes=canary_live.episodes,
         stable_success=stable_live.rate,
         stable_episodes=stable_live.episodes,
-        margin=settings.canary_margin,
+        margin=config.margin,
         reason=reason,
     )
     producer = make_producer(settings, "canary-controller")
@@ -103,11 +121,11 @@ def review_canary(settings: Settings) -> RolloutDecisionEvent | None:
     return event
 
 
-def run_canary_controller(settings: Settings, interval_s: float = 10.0, once: bool = False) -> None:
+def run_canary_controller(settings: Settings, config: CanaryConfig) -> None:
     while True:
-        decision = review_canary(settings)
+        decision = review_canary(settings, config)
         if decision is not None:
             print(f"{decision.decision} {decision.canary_version}: {decision.reason}", flush=True)
-        if once:
+        if config.once:
             return
-        time.sleep(interval_s)
+        time.sleep(config.interval_s)

@@ -6,14 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.settings import Settings
+from processors.worker_config import WorkerConfig
+
+# The worker's settings that do not shape what it writes from the log (its process, assembly, maintenance).
+NOT_REPLAY_FLAGS = ("metrics_port", "loglevel", "restart", "abandon_after_s", "maintenance_interval_s")
 
 
-def replay_and_compare(settings: Settings, out: Path, compare: bool = True) -> bool:
+def replay_and_compare(settings: Settings, out: Path, worker: WorkerConfig, compare: bool = True) -> bool:
     """Rebuild into `out`, print what was rebuilt and how it compares; False when a table differs."""
     from processors.compare import compare_tables, format_diffs
     from processors.replay import replay
 
-    summary = replay(settings, out)
+    summary = replay(settings, out, worker)
     print(f"replayed {summary.records} records in {summary.wall_s:.1f} s into {out}: rows {summary.rows}")
     if not compare:
         return True

@@ -51,7 +51,7 @@ def replay_spool(config: SpoolReplayConfig, settings: Settings) -> ReplayResult:
         raise NoSpool(str(error)) from None
     if not (directory / "spool.log").exists():  # Spool() would make an empty one and report success
         raise NoSpool(f"no edge spool at {directory}: no client {config.client_id!r} ran with that FLYWHEEL_HOME")
-    spool = Spool(directory, settings.edge_spool_max_bytes)
+    spool = Spool(directory)  # replay only sends: no append meets the bound
     owed = spool.pending_records
     # Named apart from the client in the broker's logs: these sends are the operator's, not that client's.
     publisher = SpoolingPublisher(spool, lambda: make_producer(settings, f"spool-replay-{config.client_id}"))

@@ -206,6 +206,7 @@ def run_bare_consumer(settings: Settings) -> None:
     from processors.delta_sink import DeltaSink
     from processors.messages import step_records
     from processors.worker import BATCH_MAX, BATCH_WITHIN_S
+    from processors.worker_config import WorkerConfig  # the worker's bound, so both modes dead-letter alike
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -228,11 +229,11 @@ def run_bare_consumer(settings: Settings) -> None:
                     first_at = time.monotonic()
                 batch += records
             if batch and (len(batch) >= BATCH_MAX or time.monotonic() - first_at >= BATCH_WITHIN_S):
-                sink.write(step_records(batch, settings.max_screenshot_bytes).records)
+                sink.write(step_records(batch, WorkerConfig().max_screenshot_bytes).records)
                 batch = []
     finally:
         if batch:
-            sink.write(step_records(batch, settings.max_screenshot_bytes).records)
+            sink.write(step_records(batch, WorkerConfig().max_screenshot_bytes).records)
         consumer.close()
 
 

@@ -90,11 +90,12 @@ class ChaosConfig:
 
 # Settings of the run that are no flags of `flywheel chaos`: what it does not run (turns, the end's evaluation and
 # twin, Prometheus, machines, CPU pinning), what it sets itself (two supervised workers, whose faust processes it
-# kills), and what `flywheel demo` does not take either.
+# kills: their process flags), and what `flywheel demo` does not take either.
 NOT_CHAOS_FLAGS = (
     "run.turns", "run.finetune_steps", "run.drain_timeout_s", "run.prometheus", "run.prometheus_port",
-    "run.greedy_episodes", "run.twin", "run.workers", "run.machines", "run.learner_cpu_share", "run.worker",
-    "run.finish_stage_s", "run.pass_at_k", "run.pass_at_k_seeds", "run.pass_at_k_temperature", "run.audit",
+    "run.greedy_episodes", "run.twin", "run.workers", "run.machines", "run.learner_cpu_share", "run.worker.loglevel",
+    "run.worker.restart", "run.finish_stage_s", "run.pass_at_k", "run.pass_at_k_seeds", "run.pass_at_k_temperature",
+    "run.audit",
     "run.fleet.episodes_per_task", "run.fleet.repeats", *(f"run.{path}" for path in NOT_DEMO_FLAGS),
 )  # fmt: skip
 
@@ -367,7 +368,7 @@ def power_loss(run: ChaosRun, record: Record) -> Callable[[], bool]:
 
 def _crash_client(run: ChaosRun, record: Record, whole_device: bool) -> Callable[[], bool]:
     """Recovered when the step ledger's every step of the client is in Delta (the spool replayed), the episode it
-    was in is closed (abandoned by the workers once its partition's event time has moved FLYWHEEL_ABANDON_AFTER_S
+    was in is closed (abandoned by the workers once its partition's event time has moved --abandon-after-s
     on) and its new run acts."""
     k = catch_mid_episode(run)
     dead, client_id = run.clients[k], run.client_ids[k]
@@ -454,8 +455,9 @@ def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
     episodes = set(owed.values())
     try:
         wait_until(lambda: run.landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
-        wait_until(lambda: closed_episodes(run, episodes) >= len(episodes), run.settings.abandon_after_s + 120,
-                   interval=5, what=f"{len(episodes)} episodes closed")  # fmt: skip
+        wait_until(lambda: closed_episodes(run, episodes) >= len(episodes),
+                   run.config.run.worker.abandon_after_s + 120, interval=5,
+                   what=f"{len(episodes)} episodes closed")  # fmt: skip
     except TimeoutError as error:
         say(f"chaos: {error}")
 

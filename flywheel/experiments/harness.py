@@ -119,7 +119,7 @@ class ArmsConfig:
 NOT_ARMS_FLAGS = tuple(f"fleet.{name}" for name in (
     "client_id", "tasks", "episodes_per_task", "policy", "repeats", "seeds_per_visit", "channel", "wait_for_model_s",
     "bootstrap_expert", "temperature", "top_k", "metrics_port", "summary_path", "stop_after_s", "spool_timeout_s",
-    "ledger_path", "teacher", "seed",
+    "spool_max_bytes", "ledger_path", "teacher", "seed",
 )) + tuple(f"learner.{name}" for name in (
     "sft_steps", "min_demos", "every_episodes", "every_minutes", "min_new_episodes", "poll_s",
     "offline_steps", "guidance", "replay_versions", "curriculum", "rl_updates_per_retrain", "self_imitation_top_k",
