@@ -231,3 +231,34 @@ def _bind_probe(host: str, port: int) -> int:
         except OSError:
             return 0
         return sock.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Children of every thread of `pid` (chromedriver starts chromium from a thread other than its main one)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def browser_pids(root: int) -> list[int]:
+    """The chromium browser processes among `root`'s descendants, not their helpers (whose command lines carry
+    --type=; chromium rewrites its helpers' titles into one space-separated string, so the whole line is searched)."""
+    found, frontier = [], [root]
+    while frontier:
+        kids = child_pids(frontier.pop())
+        found += kids
+        frontier += kids
+    return [pid for pid in found if _is_browser_main(pid)]
+
+
+def _is_browser_main(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    name = Path(cmdline.replace(b"\0", b" ").split(b" ")[0].decode(errors="replace")).name
+    return "chrom" in name and "chromedriver" not in name and b"--type=" not in cmdline

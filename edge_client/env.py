@@ -31,19 +31,15 @@ Two paths, the same outcomes (`EnvConfig.path`; tests/test_env_paths.py pairs th
 from __future__ import annotations
 
 import base64
-import difflib
 import logging
 import shutil
 import time
 import urllib.parse
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from string import Template
 from typing import Any, Literal
 
-import miniwob
 import numpy as np
 from miniwob.action import ActionSpaceConfig, ActionTypes
 from miniwob.constants import TASK_HEIGHT, TASK_WIDTH, UTTERANCE_MAX_LENGTH
@@ -63,6 +59,20 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from edge_client.devtools import DevTools
 from edge_client.miniwob_actions import step_info, to_miniwob
+from edge_client.page_scripts import (
+    ANIMATING_JS,
+    BLUR_JS,
+    DOM_JS,
+    DONE_JS,
+    PAGE_HELPERS,
+    POINTER_REST,
+    READ_JS,
+    RESET_JS,
+    SETTLE_MAX_S,
+    SETTLE_POLL_S,
+    STEADY_CARET_JS,
+)
+from edge_client.tasks import task_name
 from policy.interface import Observation
 from schemas import Action
 
@@ -95,21 +105,6 @@ FAST_CHROME_ARGS: tuple[str, ...] = CHROME_ARGS + (
     "window-size=500,400",
 )
 
-SETTLE_MAX_S = 2.0
-SETTLE_POLL_S = 0.02
-# True while a jQuery (or jQuery UI) animation runs on the page; pages without jQuery never animate this way.
-_ANIMATING_JS = "return !!(window.jQuery && jQuery.fn && jQuery(':animated').length);"
-
-# A text caret blinks (500 ms on, 500 ms off), so whether a screenshot shows it depended on wall time: on how
-# long the policy thought and how loaded the machine was, not on what was done (a model that clicked a filled
-# field again saw it, or not, and acted differently). Every page we load gets a caret that does not blink
-# (CSS `caret-animation: manual`): the screen is a function of the episode's actions, on both paths.
-_STEADY_CARET_JS = """
-const style = document.createElement("style");
-style.textContent = "* { caret-animation: manual !important; }";
-document.head.appendChild(style);
-"""
-
 # Chromium's software rasteriser anti-aliases a rounded corner one level apart from one load to the next (on
 # click-dialog's first screen, 5 corner pixels of the dialog at 245 vs 246 in 1 of 5 loads): two screens that
 # differ by no more than that show the same thing.
@@ -126,52 +121,6 @@ def screen_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
         return None
     return differing, largest
 
-
-# Where the pointer rests when an episode starts, on both paths: outside the 160x210 task area (inside both
-# paths' viewports). Left where the last episode's last click was, it hovered over whatever the new episode
-# drew there, so a first screen depended on the episode before it (click-tab seed 7001: success or failure
-# by which seed ran first in that browser).
-POINTER_REST = (480, 250)
-
-# Focus left where the last episode left it: a task that keeps its elements across episodes (enter-password's
-# fields) then drew a new episode's first screen with the last field still focused, ringed, so a first screen
-# depended on the episode before it (found by the search's replay check: edge_client.search). Every reset blurs
-# it first, on both paths; a task that focuses an element itself still does.
-_BLUR_JS = "if (document.activeElement) document.activeElement.blur();"
-
-# The fast path's page-side scripts. Each runs as one task of the page's event loop and awaits in-page (a
-# timer, not a round trip): reset is miniwob's force_stop + begin_task + get_observation in one call, a step's
-# read is its settle loop + get_metadata + get_observation (without the screenshot, which CDP captures).
-_PAGE_HELPERS = """
-const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
-const metadata = () => ({done: WOB_DONE_GLOBAL, env_reward: WOB_REWARD_GLOBAL,
-                         raw_reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON});
-const observe = meta => meta.done ? {meta}
-  : {meta, utterance: core.getUtterance(), dom: $read_dom ? core.getDOMInfo() : null};
-"""
-_RESET_JS = Template("""(async () => {$helpers
-  core.EPISODE_MAX_TIME = Math.max(core.EPISODE_MAX_TIME, $max_ms);
-  core.endEpisode(0);
-  $blur
-  $seed
-  core.setDataMode("train");
-  core.startEpisodeReal();
-  for (let i = 0; i < 20 && !WOB_TASK_READY; i++) await sleep(50);
-  if ($warm_up) {  // two frames: the episode's images and fonts are fetched (and cached for the real start)
-    for (let i = 0; i < 2; i++) await new Promise(resolve => requestAnimationFrame(resolve));
-    return true;
-  }
-  return WOB_TASK_READY ? observe(metadata()) : null;
-})()""")
-_READ_JS = Template("""(async () => {$helpers
-  await sleep(0);  // what the action's handlers deferred by a zero timer runs first, as between round trips
-  const deadline = performance.now() + $settle_ms;
-  while (window.jQuery && jQuery.fn && jQuery(':animated').length && performance.now() < deadline)
-    await sleep($poll_ms);
-  return observe(metadata());
-})()""")
-_DONE_JS = "WOB_DONE_GLOBAL"
-_DOM_JS = "(WOB_DONE_GLOBAL ? null : core.getDOMInfo())"
 
 TASK_SHAPE = (TASK_HEIGHT, TASK_WIDTH, 3)  # (210, 160, 3): screenshots are rows x columns x RGB
 
@@ -216,35 +165,6 @@ def chrome_args(config: EnvConfig) -> tuple[str, ...]:
     return FAST_CHROME_ARGS if config.path == "fast" else CHROME_ARGS
 
 
-def task_name(task: str) -> str:
-    """'miniwob/click-test-v1' or 'click-test' -> 'click-test'."""
-    name = task.removeprefix("miniwob/")
-    head, sep, version = name.rpartition("-v")
-    return head if sep and version.isdigit() else name
-
-
-def runnable_tasks() -> frozenset[str]:
-    """The task names GuiEnv can run: a page in miniwob's html/miniwob and a field extractor for its utterance
-    (miniwob ships pages without one, e.g. button-delay and hover-shape; switching to them raises KeyError)."""
-    from miniwob.fields import FIELD_EXTRACTORS
-
-    pages = {page.stem for page in (Path(miniwob.__file__).parent / "html" / "miniwob").glob("*.html")}
-    return frozenset(pages & set(FIELD_EXTRACTORS))
-
-
-def check_runnable(tasks: Sequence[str]) -> tuple[str, ...]:
-    """`tasks` as they are, or a ValueError naming every one MiniWoB++ cannot run (before any browser starts, so a
-    run never dies half-way on its fourth task)."""
-    known = runnable_tasks()
-    bad = [t for t in tasks if task_name(t) not in known]
-    if bad:
-        hints = {t: difflib.get_close_matches(task_name(t), sorted(known), n=1) for t in bad}
-        named = ", ".join(f"{t!r}" + (f" (did you mean {hints[t][0]!r}?)" if hints[t] else "") for t in bad)
-        raise ValueError(f"MiniWoB++ cannot run {named}: no such task page with a field extractor in miniwob "
-                         f"{getattr(miniwob, '__version__', '')}".rstrip())  # fmt: skip
-    return tuple(tasks)
-
-
 def _find_executable(explicit: str | None, candidates: tuple[str, ...]) -> str:
     for name in (explicit, *candidates) if explicit else candidates:
         path = shutil.which(name) if name else None
@@ -277,7 +197,7 @@ class _Instance(SeleniumInstance):
         self.driver.get(self.url)
         # The "START" cover becomes clickable once core.js has run: the page is ready for an episode.
         WebDriverWait(self.driver, 10).until(EC.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
-        self.driver.execute_script(_STEADY_CARET_JS)
+        self.driver.execute_script(STEADY_CARET_JS)
         self.inner_width, self.inner_height = self.driver.execute_script(
             "return [window.innerWidth, window.innerHeight];"
         )
@@ -297,7 +217,7 @@ class _Instance(SeleniumInstance):
         things end up: e.g. click-collapsible slides its section open and moves the Submit button."""
         deadline = time.perf_counter() + SETTLE_MAX_S
         while time.perf_counter() < deadline:
-            if not self.driver.execute_script(_ANIMATING_JS):
+            if not self.driver.execute_script(ANIMATING_JS):
                 return
             time.sleep(SETTLE_POLL_S)
 
@@ -343,10 +263,10 @@ class GuiEnv:
         self._step = 0
         self._instruction = ""
         self._devtools: DevTools | None = None  # the fast path's session, opened on first use
-        helpers = Template(_PAGE_HELPERS).substitute(read_dom="true" if self.config.read_dom else "false")
-        self._read_js = _READ_JS.substitute(helpers=helpers, settle_ms=int(SETTLE_MAX_S * 1000),
+        helpers = Template(PAGE_HELPERS).substitute(read_dom="true" if self.config.read_dom else "false")
+        self._read_js = READ_JS.substitute(helpers=helpers, settle_ms=int(SETTLE_MAX_S * 1000),
                                             poll_ms=int(SETTLE_POLL_S * 1000))  # fmt: skip
-        self._reset_js = partial(_RESET_JS.substitute, helpers=helpers, blur=_BLUR_JS)
+        self._reset_js = partial(RESET_JS.substitute, helpers=helpers, blur=BLUR_JS)
         self._page_loaded = True  # a page whose first episode has not started yet (see _reset_fast)
         self._start_time = 0.0
 
@@ -397,7 +317,7 @@ class GuiEnv:
         # core.startEpisodeReal() (called by reset) reads EPISODE_MAX_TIME when it arms the timer.
         self._env.instance.raise_episode_time()
         execute_move_coords(*POINTER_REST, self.driver)
-        self.driver.execute_script(_BLUR_JS)
+        self.driver.execute_script(BLUR_JS)
         return self._env.reset(seed=seed)
 
     def _restart_browser(self) -> None:
@@ -426,9 +346,9 @@ class GuiEnv:
         """The DOM of the screen now on the page (None once the episode ended): what a teacher labels. An env that
         does not read the DOM at each step (read_dom=False, a model's) reads it here only when asked."""
         if self.config.path == "fast":
-            dom = self._read_page(_DOM_JS)
+            dom = self._read_page(DOM_JS)
         else:
-            dom = self.driver.execute_script(f"return {_DOM_JS};")
+            dom = self.driver.execute_script(f"return {DOM_JS};")
         return None if dom is None else DOMElement(dom)
 
     def close(self) -> None:
@@ -474,7 +394,7 @@ class GuiEnv:
 
     def _step_fast(self, miniwob_action: dict[str, Any]) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """miniwob's step: act (unless the episode already ended), settle, read reward and done, observe."""
-        if not self._page().evaluate(_DONE_JS):
+        if not self._page().evaluate(DONE_JS):
             self._act_fast(miniwob_action)
         page = self._read_page(self._read_js)
         meta = {**page["meta"], "elapsed": max(0.0, time.time() - self._start_time)}

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from selenium.common.exceptions import WebDriverException
 
-from edge_client.env import StepResult, screen_difference, task_name
+from edge_client.env import StepResult, screen_difference
+from edge_client.tasks import task_name
 from edge_client.teacher import Teacher
 from edge_client.verify import verify_step
 from policy.interface import Decision, Observation, Policy

@@ -19,8 +19,9 @@ import gymnasium
 import miniwob
 import numpy as np
 
-from edge_client.env import StepResult, task_name
+from edge_client.env import StepResult
 from edge_client.miniwob_actions import step_info, to_miniwob
+from edge_client.tasks import task_name
 from policy.interface import Observation
 from schemas import Action
 

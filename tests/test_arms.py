@@ -15,7 +15,8 @@ from core.stats import seeds_mean_ci
 from flywheel.cli import main
 from flywheel.experiments.arms.offline_rl import informative_failures
 from flywheel.experiments.arms.shuffled_labels import shuffled_success
-from flywheel.experiments.harness import ARMS, EXPLORE_SEED, ArmsConfig, ArmSettings, pass_at, run_arms
+from flywheel.experiments.arms_report import pass_at
+from flywheel.experiments.harness import ARMS, EXPLORE_SEED, ArmsConfig, ArmSettings, run_arms
 
 
 def test_every_arm_is_a_module_registered_by_its_name_with_typed_settings():

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pytest
 
+from core.processes import browser_pids
 from core.settings import TIER1_TASKS, TIER2_TASKS
 from edge_client.env import EnvConfig, GuiEnv, screen_difference
 from edge_client.episode import Env, EpisodeResult, run_episode
 from edge_client.experts import expert_for
 from edge_client.stock_env import StockEnv
-from flywheel.chaos.run import browser_pids
 from policy.interface import Policy
 from registry.store import RELEASE_DIR
 from schemas import Action

@@ -14,9 +14,10 @@ from miniwob.dom import DOMElement
 
 from core.settings import TIER1_TASKS, TIER2_TASKS
 from edge_client.dom import visible_point
-from edge_client.env import GuiEnv, task_name
+from edge_client.env import GuiEnv
 from edge_client.episode import run_episode
 from edge_client.experts import UnsupportedTaskError, expert_for, supported_tasks
+from edge_client.tasks import task_name
 from flywheel.gathering.evaluation import evaluate
 from policy.interface import Decision, Observation
 from schemas import Action

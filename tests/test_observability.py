@@ -9,11 +9,12 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from flywheel.admin.observe import OPS_PROMETHEUS, query_range, running_prometheus, write_demo_config
+from flywheel.admin.observe import OPS_PROMETHEUS, query, query_range, running_prometheus, write_demo_config
 from flywheel.admin.status import _live
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def test_every_dashboard_query_returns_data_from_a_demo_run(demo_run, tmp_path):
             if not values:
                 empty.append(f"{dashboard} / {title}: {expr}")
         assert not empty, "panels without data:\n" + "\n".join(empty)
-        live = _live(prometheus.url)  # `flywheel status`'s live queries parse against a real Prometheus
+        live = _live(partial(query, prometheus.url))  # `flywheel status`'s live queries parse against a real Prometheus
         assert live is not None and live["clients_up"] == 0  # the run is over: no client is up now
 
         # Success by task and model version in Prometheus = what the demo measured in Delta.

@@ -147,7 +147,7 @@ def test_the_dpo_term_does_not_swamp_awr(logged):
 def test_offline_rl_keeps_teaching_the_pruning_relevance(logged, tmp_path):
     """The successes' clicks teach the relevance head in the offline stage too (SFT's relevance term): its
     NLL of their target patches ends below the SFT model's and below the same run's without the term."""
-    from learner.model.vla import target_patch_nll
+    from learner.model.vla_loss import target_patch_nll
 
     _, sft_path, frame = logged
     successes = frame.filter(pl.col("success"))

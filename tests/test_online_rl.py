@@ -173,7 +173,7 @@ def test_beta_follows_environment_steps_not_optimizer_steps(sft, tmp_path):
 def test_an_rl_update_keeps_teaching_the_pruning_relevance(sft, tmp_path):
     """The relevance head learns on the clicks of successful rollouts during PPO, as in SFT: its NLL of the
     trained successes' target patches ends below the SFT model's and the same update's without the term."""
-    from learner.model.vla import target_patch_nll
+    from learner.model.vla_loss import target_patch_nll
 
     _, sft_path = sft
     frame = sampled_rows(sft_path, tmp_path).with_columns(success=pl.col("action_type") == "click")

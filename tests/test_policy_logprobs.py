@@ -10,7 +10,8 @@ import torch
 from learner.algorithms.policy_logprobs import action_positions, grammar_masks, token_logprobs
 from learner.data.dataset import VLADataset
 from learner.model.export import export_bundle
-from learner.model.vla import VLA, VLAConfig
+from learner.model.vla import VLA
+from learner.model.vla_config import VLAConfig
 from policy.pruning import PruningConfig
 from policy.runtime import VLARuntime
 from policy.sampling import Sampling

@@ -22,7 +22,9 @@ from learner.model.checkpoints import load_vla
 from learner.model.export import check_decoder_parity, export_bundle, quantize_bundle
 from learner.model.infer import torch_step
 from learner.model.lora import apply_lora, merge_lora
-from learner.model.vla import VLA, VLAConfig, target_patch_index, vla_loss
+from learner.model.vla import VLA
+from learner.model.vla_config import VLAConfig
+from learner.model.vla_loss import target_patch_index, vla_loss
 from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import (
     ANCHOR,

@@ -1,24 +1,29 @@
 """`flywheel status`: one screen about a running (or finished) flywheel.
 
 Kafka (end offsets, the newest model version) and Delta (sink offsets -> lag, success by task and
-model version) are read directly; live rates and latencies come from Prometheus when it answers.
+model version) are read directly; live rates and latencies come from Prometheus when it answers (an instant query
+function, flywheel.admin.observe.query bound to its URL, passed in).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from core.object_store import Location
 from core.settings import Settings
 
+Query = Callable[[str], list[dict]]  # PromQL -> the instant result's list; raises OSError when no one answers
 
-def render_status(settings: Settings, prometheus_url: str | None = None) -> str:
+
+def render_status(settings: Settings, prometheus_url: str | None = None, query: Query | None = None) -> str:
+    """The screen; the live rates from `query` (Prometheus at `prometheus_url`) when both are given."""
     lines = [
         f"flywheel status  {time.strftime('%Y-%m-%d %H:%M:%S')}  prefix {settings.topic_prefix}  "
         f"kafka {settings.bootstrap}  data {settings.data_dir}"
     ]
     kafka = _kafka(settings)
-    live = _live(prometheus_url) if prometheus_url else None
+    live = _live(query) if prometheus_url and query else None
 
     lines.append("")
     lines.append("FLEET")
@@ -89,20 +94,18 @@ def _kafka(settings: Settings) -> dict:
     }
 
 
-def _live(url: str) -> dict | None:
-    from flywheel.admin.observe import query
-
+def _live(query: Query) -> dict | None:
     def scalar(expr: str) -> float:
-        result = query(url, expr)
+        result = query(expr)
         return float(result[0]["value"][1]) if result else 0.0
 
     try:
         clients_up = scalar('count(up{job="flywheel-edge"} == 1)')
     except OSError:
         return None
-    versions = query(url, "count by (version) (flywheel_edge_model_version_info == 1)")
-    phases = query(url, "phase:flywheel_edge_step_phase_seconds:p95_5m")
-    learner = query(url, "flywheel_learner_loss")
+    versions = query("count by (version) (flywheel_edge_model_version_info == 1)")
+    phases = query("phase:flywheel_edge_step_phase_seconds:p95_5m")
+    learner = query("flywheel_learner_loss")
     return {
         "clients_up": clients_up,
         "versions_in_use": sorted((r["metric"]["version"], float(r["value"][1])) for r in versions),

@@ -22,10 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import polars as pl
-
 from core.console import jsonable, say
-from core.processes import Child, free_ports, wait_until
+from core.processes import Child, browser_pids, child_pids, free_ports, wait_until
 from core.settings import TIER1_TASKS, Settings
 from flywheel.admin.dlq import read_dead_letters
 from flywheel.chaos.ledger import (
@@ -40,12 +38,12 @@ from flywheel.chaos.ledger import (
     read_client_ledgers,
 )
 from flywheel.chaos.proxy import Proxy
+from flywheel.chaos.report import closed_episodes, fleet_idle, plot_timeline
 from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
 from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig, fleet_client, learner_args, worker_args
 from flywheel.run.fleet import edge_args
 from flywheel.run.stack import LocalStack, local_stack
-from lake.queries import scan_table, step_count
-from lake.tables import EPISODES, STEPS
+from lake.queries import step_count
 from registry.store import artifact_location, read_manifests
 from streams import topic_admin
 from streams.broker.jars import share_jars
@@ -276,10 +274,10 @@ def awaiting_version(run: ChaosRun, end: float) -> bool:
 def kill_worker(run: ChaosRun, record: Record) -> Callable[[], bool]:
     """SIGKILL one worker's faust process mid-batch; its supervisor (`flywheel process`) starts it again."""
     worker = run.rng.choice(run.stack.workers)
-    victim = _children(worker.proc.pid)[0]
+    victim = child_pids(worker.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
     record.detail, before = f"{worker.name}: faust pid {victim}", run.landed()
-    return lambda: bool(set(_children(worker.proc.pid)) - {victim}) and run.landed() > before
+    return lambda: bool(set(child_pids(worker.proc.pid)) - {victim}) and run.landed() > before
 
 
 def kill_leader(run: ChaosRun, record: Record) -> Callable[[], bool]:
@@ -384,7 +382,7 @@ def _crash_client(run: ChaosRun, record: Record, whole_device: bool) -> Callable
     record.detail = f"client {k} ({client_id}) " + (f"in episode {left_open}" if left_open else "between episodes")
 
     def recovered() -> bool:
-        closed = left_open is None or closed_episodes(run, {left_open}) == 1
+        closed = left_open is None or closed_episodes(run.settings.tables_dir, {left_open}) == 1
         return closed and run.landed(f"{PREFIX}c{k}") >= owed_steps and run.owed(k) > owed_steps + 1
 
     return recovered
@@ -455,21 +453,11 @@ def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
     episodes = set(owed.values())
     try:
         wait_until(lambda: run.landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
-        wait_until(lambda: closed_episodes(run, episodes) >= len(episodes),
+        wait_until(lambda: closed_episodes(run.settings.tables_dir, episodes) >= len(episodes),
                    run.config.run.worker.abandon_after_s + 120, interval=5,
                    what=f"{len(episodes)} episodes closed")  # fmt: skip
     except TimeoutError as error:
         say(f"chaos: {error}")
-
-
-def closed_episodes(run: ChaosRun, episode_ids: set[str]) -> int:
-    """How many of `episode_ids` have their row in `episodes` (complete or abandoned)."""
-    episodes = scan_table(run.settings.tables_dir, EPISODES)
-    if episodes is None:
-        return 0
-    return (
-        episodes.filter(pl.col("episode_id").is_in(sorted(episode_ids))).select("episode_id").unique().collect().height
-    )
 
 
 def check(run: ChaosRun) -> dict:
@@ -492,26 +480,9 @@ def check(run: ChaosRun) -> dict:
         "versions_after_each_learner_kill": [sum(t > at for t in published) for at in kills],
         "learner_kills": learner_kills,
         "learner_continued": all(k["continued"] for k in learner_kills),
-        "fleet": fleet_idle(run),
+        "fleet": fleet_idle(run.settings.tables_dir, PREFIX),
         "published_at_s": published,
     }
-
-
-def fleet_idle(run: ChaosRun) -> dict:
-    """The fleet's longest gap with no client acting, from the steps it landed (each episode's first to last
-    step)."""
-    steps = scan_table(run.settings.tables_dir, STEPS)
-    if steps is None:
-        return {"longest_idle_s": None}
-    spans = (steps.filter(pl.col("client_id").str.starts_with(PREFIX)).group_by("episode_id")
-             .agg(pl.col("produced_at").min().alias("a"), pl.col("produced_at").max().alias("b"))
-             .sort("a").collect())  # fmt: skip
-    longest, reach = 0.0, None
-    for a, b in zip(spans["a"], spans["b"], strict=True):
-        if reach is not None and a > reach:
-            longest = max(longest, a - reach)
-        reach = b if reach is None else max(reach, b)
-    return {"longest_idle_s": round(longest, 1), "episodes": len(spans)}
 
 
 def _published_at(run: ChaosRun) -> list[float]:
@@ -522,58 +493,3 @@ def _published_at(run: ChaosRun) -> list[float]:
 
 def _dead_letters(run: ChaosRun) -> int:
     return len(read_dead_letters(run.settings))
-
-
-def _children(pid: int) -> list[int]:
-    """Children of every thread of `pid` (chromedriver starts chromium from a thread other than its main one)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def browser_pids(root: int) -> list[int]:
-    """The chromium browser processes among `root`'s descendants, not their helpers (whose command lines carry
-    --type=; chromium rewrites its helpers' titles into one space-separated string, so the whole line is searched)."""
-    found, frontier = [], [root]
-    while frontier:
-        kids = _children(frontier.pop())
-        found += kids
-        frontier += kids
-    return [pid for pid in found if _is_browser_main(pid)]
-
-
-def _is_browser_main(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    name = Path(cmdline.replace(b"\0", b" ").split(b" ")[0].decode(errors="replace")).name
-    return "chrom" in name and "chromedriver" not in name and b"--type=" not in cmdline
-
-
-def plot_timeline(path: Path, report: dict) -> None:
-    """Each strike as a bar from its time to its recovery (red: not recovered), versions published as ticks."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    faults = sorted({f["fault"] for f in report["faults"]})
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * len(faults)), dpi=110)
-    for f in report["faults"]:
-        y, width = faults.index(f["fault"]), f["recovered_after_s"]
-        ax.barh(y, width if width is not None else 30, left=f["at_s"], height=0.5,
-                color="tab:green" if width is not None else "tab:red")  # fmt: skip
-    for t in report["published_at_s"]:
-        ax.axvline(t, color="tab:blue", alpha=0.3, lw=1)
-    ax.set_yticks(range(len(faults)), faults)
-    ax.set_xlabel("seconds into the run (bars: strike to recovery; blue lines: versions published)")
-    ax.set_title(f"chaos: ledger {'ok' if report['ledger_ok'] else 'FAILED'}, longest fleet idle "
-                 f"{report['fleet']['longest_idle_s']} s")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -35,7 +34,7 @@ import polars as pl
 
 from core.console import say
 from core.settings import EVAL_SEED, NEW_TASKS, SUITE_TASKS
-from core.stats import mean_ci, paired_diff_ci, seeds_mean_ci
+from core.stats import mean_ci, seeds_mean_ci
 from edge_client.runner import EdgeConfig
 from flywheel.experiments.arms import (
     filtered_bc,
@@ -45,6 +44,7 @@ from flywheel.experiments.arms import (
     search_bc_rl,
     shuffled_labels,
 )
+from flywheel.experiments.arms_report import paired, pass_at, print_report, summary
 from flywheel.gathering.episodes import episode_rows, run_episodes, sampling_policy, to_frame
 from flywheel.gathering.evaluation import evaluate_bundle, evaluate_model
 from learner.daemon.daemon_config import DaemonConfig
@@ -430,11 +430,6 @@ def run_arms(config: ArmsConfig) -> dict:
     return report
 
 
-def pass_at(successes: int, samples: int, k: int) -> float:
-    """Unbiased pass@k from `successes` of `samples` runs (Chen et al. 2021): 1 - C(n - c, k) / C(n, k)."""
-    return 1.0 - math.comb(samples - successes, k) / math.comb(samples, k)
-
-
 def write_report(config: ArmsConfig, shared: Shared) -> dict:
     """OUT/arms.json from every unit done so far."""
     new = config.fleet.new_tasks
@@ -479,31 +474,3 @@ def write_report(config: ArmsConfig, shared: Shared) -> dict:
     path = config.out / "arms.json"
     path.write_text(json.dumps(report, indent=2))
     return report
-
-
-def summary(entry: dict, new: tuple[str, ...]) -> dict:
-    """An evaluation's new-task mean (95 % CI), per new task, and the suite's mean."""
-    by_seed = entry["success_by_seed"]
-    mean, lo, hi = mean_ci({t: by_seed[t] for t in new})
-    suite = [sum(v) / len(v) for t, v in by_seed.items() if t not in new]
-    return {"new_mean": round(mean, 4), "new_ci": [round(lo, 4), round(hi, 4)],
-            "per_task": {t: round(sum(by_seed[t]) / len(by_seed[t]), 4) for t in new},
-            "suite_mean": round(sum(suite) / len(suite), 4) if suite else None}  # fmt: skip
-
-
-def paired(after: dict, before: dict) -> dict:
-    diff, lo, hi = paired_diff_ci(after, before)
-    return {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
-
-
-def print_report(report: dict) -> None:
-    start = report["start"]
-    print(f"start: new tasks {start['new_mean']} {start['new_ci']}, suite {start['suite_mean']}; "
-          f"best-of-K {report['start_best_of_k']}")  # fmt: skip
-    print(f"{'arm':16s} {'seeds':>5s} {'new':>7s} {'- twin':>24s} {'- start':>24s} {'- best-of-k':>24s}")
-    for arm, entry in report["arms"].items():
-        seeds, over = entry["seeds"], entry["over_seeds"]
-        mean = sum(s["new_mean"] for s in seeds.values()) / len(seeds) if seeds else float("nan")
-        cells = [f"{over[k]['mean']:+.3f} {over[k]['ci']}" if k in over else "-"
-                 for k in ("vs_twin", "vs_start", "vs_start_best_of_k")]  # fmt: skip
-        print(f"{arm:16s} {len(seeds):5d} {mean:7.3f} " + " ".join(f"{c:>24s}" for c in cells))

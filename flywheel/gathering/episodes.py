@@ -84,8 +84,8 @@ def expert_trajectories(env, tasks: tuple[str, ...], episodes: int, seed: int, m
     """The experts' successful episodes on seeds seed .. seed + episodes - 1 of every task, as step rows
     (learner.algorithms.semi_online.TRAJECTORY_COLUMNS): the screens, actions and element boxes a model is matched
     on."""
-    from edge_client.env import task_name
     from edge_client.experts import expert_for
+    from edge_client.tasks import task_name
 
     frames = []
     for task in tasks:

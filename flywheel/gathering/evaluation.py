@@ -39,8 +39,9 @@ from pathlib import Path
 from core.console import say
 from core.settings import EVAL_SEED, TIER1_TASKS, TIER2_TASKS
 from core.stats import paired_diff_ci
-from edge_client.env import EnvConfig, GuiEnv, task_name
+from edge_client.env import EnvConfig, GuiEnv
 from edge_client.episode import EpisodeResult, run_episode
+from edge_client.tasks import task_name
 from policy.interface import Policy
 
 Progress = Callable[[str, int, EpisodeResult], None]  # (task, episode index, result)

@@ -34,7 +34,8 @@ from learner.algorithms.rl_losses import awr_loss, awr_weights, baseline_advanta
 from learner.algorithms.training_run import VLAResult, lr_at, open_run
 from learner.data.dataset import VLADataset
 from learner.model.checkpoints import load_vla
-from learner.model.vla import VLA, target_patch_nll
+from learner.model.vla import VLA
+from learner.model.vla_loss import target_patch_nll
 from learner.recipe import VLATrainConfig
 from policy.pruning import keep_count
 

@@ -26,7 +26,7 @@ min(pi_old / mu, ratio_cap):
 beta(n) = beta for `beta_warmup_env_steps` environment steps of online rollouts, then linearly to 0 over
 `beta_anneal_env_steps` (Poyarkov, Staroverov and Panov, 2026, count them in environment steps; the caller
 says how many the online stage has taken). L_relevance keeps the pruning relevance on the clicks of
-successful rollouts (learner.model.vla.target_patch_nll), as SFT does: the trunk under it moves.
+successful rollouts (learner.model.vla_loss.target_patch_nll), as SFT does: the trunk under it moves.
 
 One call is one PPO update over one batch of rollouts (`epochs` passes of minibatches, constant learning
 rate); the optimizer state carries over between calls through the checkpoint in out_dir. Rows of groups
@@ -60,7 +60,7 @@ from learner.daemon.daemon_config import Guidance
 from learner.data.dataset import VLADataset
 from learner.data.teacher_labels import teacher_agreement
 from learner.model.checkpoints import load_vla
-from learner.model.vla import IGNORE, target_patch_nll
+from learner.model.vla_loss import IGNORE, target_patch_nll
 from learner.recipe import VLATrainConfig
 from policy.pruning import keep_count
 

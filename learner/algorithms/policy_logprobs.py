@@ -13,7 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from learner.model.vla import IGNORE, VLA
+from learner.model.vla import VLA
+from learner.model.vla_loss import IGNORE
 from policy.sampling import MAX_TEXT_TOKENS
 from policy.tokens import ActionTokenizer
 
@@ -46,7 +47,9 @@ class Scored(NamedTuple):
     logp: torch.Tensor  # (B, T) log pi of each label, 0 where unlabelled
     logp_all: torch.Tensor  # (B, T, V) -inf outside the grammar
     mask: torch.Tensor  # (B, T) float, 1 at labelled positions
-    relevance: torch.Tensor  # (B, N) the pruning relevance of each patch (taught by learner.model.vla.target_patch_nll)
+    relevance: (
+        torch.Tensor
+    )  # (B, N) the pruning relevance of each patch (taught by learner.model.vla_loss.target_patch_nll)
 
 
 def token_logprobs(model: VLA, batch: dict[str, torch.Tensor], masks: torch.Tensor, keep: int) -> Scored:

@@ -4,9 +4,9 @@ Every batch: B steps sampled with replacement as `balance` says, or task-balance
 model's map-only steps (B is the global batch: under torchrun each process trains on its slice,
 learner.algorithms.distributed), one keep ratio drawn from `keep_ratios`
 (the model is trained with pruning on, and sees the unpruned screen too, so one set of weights serves
-both edge variants), loss = learner.model.vla.vla_loss. The run is a learner.algorithms.training_run.TrainingRun: its
-checkpoints hold model, optimiser, sampler state and step, so a killed run resumes where it stopped and
-ends with the same weights as an uninterrupted one.
+both edge variants), loss = learner.model.vla_loss.vla_loss. The run is a
+learner.algorithms.training_run.TrainingRun: its checkpoints hold model, optimiser, sampler state and step, so a
+killed run resumes where it stopped and ends with the same weights as an uninterrupted one.
 
 LoRA (peft) adapters can replace full fine-tuning of the decoder for warm-started runs
 (`lora_rank > 0`, learner.model.lora).
@@ -29,7 +29,9 @@ from learner.algorithms.training_run import VLAProgress, VLAResult, lr_at, open_
 from learner.data.dataset import MAP_BALANCES, TaskLossWeights, VLADataset, tokenizer_corpus
 from learner.model.checkpoints import load_vla
 from learner.model.lora import apply_lora
-from learner.model.vla import VLA, VLAConfig, click_map_loss, click_map_nll, click_map_row_nll, vla_loss
+from learner.model.vla import VLA
+from learner.model.vla_config import VLAConfig
+from learner.model.vla_loss import click_map_loss, click_map_nll, click_map_row_nll, vla_loss
 from learner.recipe import VLARecipe, VLATrainConfig
 from policy.pruning import PruningConfig, keep_count
 from policy.tokens import ActionTokenizer, train_tokenizer

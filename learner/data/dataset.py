@@ -13,7 +13,8 @@ import polars as pl
 import torch
 
 from learner.data.augment import random_view
-from learner.model.vla import IGNORE, VLAConfig, target_patch_index
+from learner.model.vla_config import VLAConfig
+from learner.model.vla_loss import IGNORE, target_patch_index
 from learner.recipe import Augmentation
 from policy.pruning import PruningConfig, patch_prior
 from policy.screen import POSITIONAL_TYPES, SCREEN_H, SCREEN_W, decode_png
@@ -71,7 +72,7 @@ class VLADataset:
             self.prompt.append(prompt)
             self.generated.append(list(row.get("tokens") or []))
         # The element a click aims at (left, top, right, bottom), where the expert recorded it: every bin of it is a
-        # right answer for a click-map model (learner.model.vla.click_map_nll); without it, the clicked bin alone.
+        # right answer for a click-map model (learner.model.vla_loss.click_map_nll); without it, the clicked bin alone.
         boxes = frame["target_box"].to_list() if "target_box" in frame.columns else [None] * frame.height
         self.boxes = [tuple(b) if b is not None and len(b) == 4 else None for b in boxes]
         # The rows a batch may train on: all but the context rows before a teacher's label (`train` false).

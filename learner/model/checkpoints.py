@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from learner.model.lora import apply_lora, merge_lora
-from learner.model.vla import VLA, VLAConfig
+from learner.model.vla import VLA
+from learner.model.vla_config import VLAConfig
 from learner.recipe import VLATrainConfig
 from policy.pruning import PruningConfig
 from policy.tokens import ActionTokenizer

@@ -30,7 +30,7 @@ Two encoders (VLAConfig.encoder):
     relevance (B, N) = MLP(cells): the conditioned features already know what the instruction names
     patches = LayerNorm(Linear(cells)) + position, as above
 
-Loss (per batch, written out in `vla_loss`):
+Loss (per batch, written out in learner.model.vla_loss):
     L = mean over target tokens of −log p(token | prefix)
       + λ_rel · mean over click/scroll steps of −log softmax(relevance)[target patch]
 """
@@ -38,7 +38,6 @@ Loss (per batch, written out in `vla_loss`):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
 
 import torch
@@ -46,103 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from learner.model.vla_config import VLAConfig
 from policy.pruning import MAP_TOP_CELLS, PROTECT, grid_shape
-from policy.screen import PIXEL_MEAN, PIXEL_STD, SCREEN_H, SCREEN_W
+from policy.screen import PIXEL_MEAN, PIXEL_STD
 from policy.tokens import CHAR_VOCAB, special_tokens
-
-IGNORE = -100  # label of positions that carry no loss (visual tokens, prompt, padding)
-
-
-@dataclass(frozen=True)
-class VLAConfig:
-    """Architecture. Everything a checkpoint needs to rebuild the model (the vocabulary comes from the tokenizer)."""
-
-    vocab_size: int
-    """Tokenizer vocabulary, action tokens included."""
-    patch_px: int = 10
-    """Side of a visual token's patch in pixels: 10 -> 21x16 = 336 tokens. Must be even and divide 210 and 160."""
-    stem_channels: int = 48
-    """Channels of the stem at 2x the patch grid's resolution (42x32 for 10 px patches)."""
-    context_kernel: tuple[int, int] | None = None
-    """(rows, cols) of a depthwise conv over the patch grid that mixes each visual token with its neighbours,
-    so its features (and its pointer key) span a word, not 2-3 letters: (3, 7) sees +-30 px along a line.
-    None: no mixing (the models before it)."""
-    d_model: int = 160
-    """Width of the decoder and of the visual tokens."""
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 512
-    max_positions: int = 512
-    """Longest sequence: visual tokens + prompt + target."""
-    relevance_dim: int = 32
-    """Width r of the patch-instruction relevance dot product that ranks patches for pruning."""
-    max_instruction_tokens: int = 48
-    max_thought_tokens: int = 32
-    history_actions: int = 0
-    """The latest actions of the episode the prompt carries (policy.tokens): the model's memory of what it did.
-    0: none (the models before it)."""
-    bin_px: int = 5
-    """Pixels per coordinate token (must match the tokenizer's)."""
-    encoder: str = "patch"
-    """"patch" (raw-pixel patches, instruction only in the relevance query) or "reading" (FiLM and
-    cross-attention on the instruction's characters inside a 2 px stem; see the module docstring)."""
-    reading_channels: int = 64
-    """"reading": channels C of the 10 px cells (the stem's 2 px layer has C / 2)."""
-    reading_blocks: int = 4
-    """"reading": residual 3x3 blocks over the 21x16 cells, each FiLM-conditioned."""
-    reading_condition: bool = True
-    """"reading": False drops FiLM and the cross-attention (the same stem, blind to the instruction: an ablation)."""
-    max_instruction_chars: int = 96
-    """"reading": characters of the instruction the encoder reads."""
-    reading_global_layers: int = 0
-    """"reading": self-attention layers over all 21x16 cells after the convolutions, so a cell's features can
-    depend on what is anywhere on the screen (identify-shape: a button is right because of the figure 100 px
-    away; the convolutions see +-45 px). 0: none (the models before it)."""
-    pointer_relevance: bool = False
-    """Add each kept patch's relevance (times a learned scale) to the coordinate tokens' pointer scores: the
-    decoder then points where the encoder found what the instruction names, and refines from there."""
-    click_map: bool = False
-    """"reading" only: the click is a dense map on the encoder's cells, one logit per bin_px sub-cell of the
-    whole screen under one joint softmax, computed before any pruning; it scores the coordinate tokens (x: its
-    column marginal, y: the column the x token chose) and its cell marginal is the pruning relevance. False:
-    the decoder's pointer over the kept tokens (the models before it)."""
-
-    def to_dict(self) -> dict:
-        # Options left off are left out, so models without them keep the config (and the bundle bytes) they had.
-        data = {k: v for k, v in asdict(self).items() if v is not None}
-        if self.encoder == "patch":
-            for name in READING_FIELDS:
-                data.pop(name, None)
-        if not self.pointer_relevance:
-            data.pop("pointer_relevance")
-        if not self.click_map:
-            data.pop("click_map")
-        if not self.history_actions:
-            data.pop("history_actions")
-        if not self.reading_global_layers:
-            data.pop("reading_global_layers", None)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> VLAConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    @property
-    def num_patches(self) -> int:
-        rows, cols = grid_shape(self.patch_px)
-        return rows * cols
-
-
-READING_FIELDS = (
-    "encoder",
-    "reading_channels",
-    "reading_blocks",
-    "reading_condition",
-    "max_instruction_chars",
-    "reading_global_layers",
-)
-
 
 # log of a 0/1 membership matrix: 0 where patch i lies in column (row) c, -MEMBERSHIP elsewhere. Finite, so a
 # column with no kept patch keeps a tiny logit and a target under a pruned patch still has a gradient.
@@ -534,67 +440,3 @@ class VLA(nn.Module):
         x_logits = (col[..., None] + fx[..., None, :]).flatten(-2)  # (B, T, C * bpp)
         y_logits = (row[..., None] + fy[..., None, :]).flatten(-2)  # (B, T, R * bpp)
         return x_logits, y_logits
-
-
-def vla_loss(
-    logits: torch.Tensor,  # (B, T, V): logits[:, t] predicts text position t (VLA.forward)
-    labels: torch.Tensor,  # (B, T) target token per text position, IGNORE elsewhere
-    relevance: torch.Tensor,  # (B, N)
-    target_patch: torch.Tensor,  # (B,) patch index of the click target, -1 when the action has none
-    relevance_weight: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """L = token NLL + relevance_weight * target-patch NLL. Returns (total, token_nll, relevance_nll)."""
-    token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
-    relevance_nll = target_patch_nll(relevance, target_patch)
-    return token_nll + relevance_weight * relevance_nll, token_nll, relevance_nll
-
-
-def click_map_loss(
-    logits: torch.Tensor,  # (B, T, V) (VLA.forward)
-    labels: torch.Tensor,  # (B, T) target token per text position, IGNORE elsewhere
-    click_map: torch.Tensor,  # (B, Y, X) log-probabilities of a click in each bin (Encoded.click_map)
-    positives: torch.Tensor,  # (B, Y, X) bool: the bins inside the click target's element (none: no click)
-    coordinate_ids: tuple[int, int],  # [first, end) of the coordinate token ids (VLA.coordinate_ids)
-    map_weight: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A click-map model's SFT loss: L = token NLL over the tokens the decoder writes + map_weight * click NLL.
-
-    The coordinate tokens leave the token mean: the map scores them, and its loss credits any bin of the target's
-    element (the expert's pixel is one of many right answers) once per click step, not as 2 tokens of ~15.
-    Returns (total, token_nll, click_nll)."""
-    first, end = coordinate_ids
-    decoder_labels = labels.masked_fill((labels >= first) & (labels < end), IGNORE)
-    token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), decoder_labels.reshape(-1), ignore_index=IGNORE)
-    click_nll = click_map_nll(click_map, positives)
-    return token_nll + map_weight * click_nll, token_nll, click_nll
-
-
-def click_map_nll(click_map: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-    """Multi-positive NLL: mean over the rows with a target of -log sum_{bins in the target's box} P(bin).
-    click_map (B, Y, X) log-probabilities, positives (B, Y, X) bool -> scalar (0, with a gradient, when none)."""
-    has_target = positives.flatten(1).any(1)  # (B,)
-    if not has_target.any():
-        return click_map.sum() * 0.0
-    return click_map_row_nll(click_map, positives)[has_target].mean()
-
-
-def click_map_row_nll(click_map: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-    """(B,) each row's -log P(its target's box); +inf for a row without a target (click_map_nll leaves those out)."""
-    return -click_map.masked_fill(~positives, float("-inf")).flatten(1).logsumexp(1)
-
-
-def target_patch_nll(relevance: torch.Tensor, target_patch: torch.Tensor) -> torch.Tensor:
-    """What teaches the pruning relevance: mean -log softmax(relevance)[target patch] over the rows that have a
-    target (>= 0). relevance (B, N), target_patch (B,) -> scalar (0, with a gradient path, when none has)."""
-    has_target = target_patch >= 0
-    if not has_target.any():
-        return relevance.sum() * 0.0
-    return F.cross_entropy(relevance[has_target], target_patch[has_target])
-
-
-def target_patch_index(x: float, y: float, patch_px: int) -> int:
-    """Raster index of the patch holding pixel (x, y)."""
-    _, cols = grid_shape(patch_px)
-    col = min(max(int(x // patch_px), 0), SCREEN_W // patch_px - 1)
-    row = min(max(int(y // patch_px), 0), SCREEN_H // patch_px - 1)
-    return row * cols + col

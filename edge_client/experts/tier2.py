@@ -1,24 +1,11 @@
-"""Scripted DOM-oracle experts: one per MiniWoB++ task, each a Policy with version "expert".
-
-An expert reads `Observation.dom` (miniwob's DOMElement tree; boxes are CSS pixels, which are
-screenshot pixels because the browser runs at device scale factor 1) and the instruction, and
-returns a Decision: a short thought in the words a model should learn to say, a click at the centre
-of the *visible* part of the target, and what should happen next. Experts keep no state between
-steps: every step re-reads the DOM, so a multi-step expert resumes correctly from any screen. The one
-exception is choose-list, whose <select> state the DOM does not report; it follows a plan by step.
-Experts raise LookupError when the DOM does not hold what they need (a bug or a broken episode).
-
-Coordinates are rounded to whole pixels; thoughts quote them the same way. The words they read and act in (walk
-the DOM, the visible point of a target, click, type, key, scroll) are edge_client.dom's.
-"""
+"""The Tier 2 experts: a few steps each; every step re-reads the DOM to see how far the task has got
+(edge_client.experts)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import numpy as np
 from miniwob.dom import DOMElement
 
 from edge_client.dom import (
@@ -35,119 +22,9 @@ from edge_client.dom import (
     visible_point,
     wait,
 )
-from edge_client.env import task_name
 from policy.expectations import EXPECT_CHANGE, expect_change_near
-from policy.interface import Decision, Observation, Policy
+from policy.interface import Decision, Observation
 from schemas import Action
-
-Solver = Callable[[Observation], Decision]
-
-
-class UnsupportedTaskError(KeyError):
-    """No scripted expert exists for this task."""
-
-
-# --- Tier 1 ------------------------------------------------------------------------------------
-
-
-def solve_click_test(obs: Observation) -> Decision:
-    button = find(obs.dom, lambda e: e.tag == "button", "the button")
-    return click(button, obs.dom, "There is a single button, at ({x}, {y}). Click it.")
-
-
-def solve_click_test_2(obs: Observation) -> Decision:
-    # "Click button ONE." The two buttons are absolutely positioned and may overlap.
-    wanted = re.search(r"button (\w+)", obs.instruction)
-    label = wanted.group(1) if wanted else ""
-    button = find(obs.dom, lambda e: e.tag == "button" and text_of(e) == label, f"button {label!r}")
-    thought = f"The instruction asks for button {label}; its visible part is at ({{x}}, {{y}}). Click it."
-    return click(button, obs.dom, thought)
-
-
-def solve_click_button(obs: Observation) -> Decision:
-    # 'Click on the "okay" button.' Several buttons may carry the same label: any of them is right.
-    label = quoted(obs.instruction)[0]
-    button = find(obs.dom, lambda e: e.tag == "button" and text_of(e) == label, f"button {label!r}")
-    return click(button, obs.dom, f"The instruction asks for the '{label}' button; it is at ({{x}}, {{y}}). Click it.")
-
-
-def solve_click_link(obs: Observation) -> Decision:
-    # 'Click on the link "Eget".' Case matters: "eget" is a different (wrong) link.
-    label = quoted(obs.instruction)[0]
-    link = find(obs.dom, lambda e: has_class(e, "alink") and text_of(e) == label, f"link {label!r}")
-    return click(link, obs.dom, f"The link '{label}' is at ({{x}}, {{y}}). Click it.")
-
-
-def solve_click_dialog(obs: Observation) -> Decision:
-    # jQuery UI dialog: the close "x" is a button in the title bar; resize handles sit over its corner.
-    close = find(obs.dom, lambda e: e.tag == "button" and has_class(e, "ui-dialog-titlebar-close"), "the close button")
-    return click(close, obs.dom, "The dialog's close button 'x' is at ({x}, {y}) in its title bar. Click it.")
-
-
-# CSS named colours used by click-color, as RGB in 0..1 (the DOM reports computed background colours).
-_CSS_COLOURS: dict[str, tuple[float, float, float]] = {
-    name: (r / 255, g / 255, b / 255)
-    for name, (r, g, b) in {
-        "red": (255, 0, 0),
-        "blue": (0, 0, 255),
-        "olive": (128, 128, 0),
-        "lime": (0, 255, 0),
-        "black": (0, 0, 0),
-        "white": (255, 255, 255),
-        "grey": (128, 128, 128),
-        "gray": (128, 128, 128),
-        "purple": (128, 0, 128),
-        "orange": (255, 165, 0),
-        "yellow": (255, 255, 0),
-        "cyan": (0, 255, 255),
-        "pink": (255, 192, 203),
-        "magenta": (255, 0, 255),
-        "green": (0, 128, 0),
-        "aqua": (0, 255, 255),
-    }.items()
-}
-
-
-def solve_click_color(obs: Observation) -> Decision:
-    # "Click on the red colored box." The boxes are div.color; match their computed colour.
-    match = re.search(r"Click on the (\w+) colou?red box", obs.instruction)
-    if not match or match.group(1).lower() not in _CSS_COLOURS:
-        raise LookupError(f"no known colour in {obs.instruction!r}")
-    name = match.group(1).lower()
-    want = np.array(_CSS_COLOURS[name])
-    boxes = find_all(obs.dom, lambda e: has_class(e, "color"))
-    if not boxes:
-        raise LookupError("no colour boxes in the DOM")
-    box = min(boxes, key=lambda e: float(np.abs(np.array(e.bg_color[:3]) - want).sum()))
-    return click(box, obs.dom, f"The {name} box is at ({{x}}, {{y}}). Click it.")
-
-
-def solve_focus_text(obs: Observation) -> Decision:
-    field = find(obs.dom, lambda e: e.tag.startswith("input"), "the text box")
-    return click(field, obs.dom, "The text box is at ({x}, {y}). Click into it to focus it.")
-
-
-# identify-shape draws one SVG element; the buttons carry the answer's name.
-_SHAPE_BUTTON = {"rect": "Rectangle", "circle": "Circle", "polygon": "Triangle"}
-
-
-def solve_identify_shape(obs: Observation) -> Decision:
-    svg = find(obs.dom, lambda e: e.id == "area_svg", "the figure")
-    shape = find(svg, lambda e: e is not svg, "a shape in the figure")
-    if shape.tag == "text":
-        content = (shape.text or "").strip()
-        kind, label = ("a digit", "Number") if content.isdigit() else ("a letter", "Letter")
-        seen = f"The figure is the character '{content}', {kind}."
-    elif shape.tag in _SHAPE_BUTTON:
-        label = _SHAPE_BUTTON[shape.tag]
-        seen = f"The figure is a {label.lower()}."
-    else:
-        raise LookupError(f"unknown figure <{shape.tag}>")
-    button = find(obs.dom, lambda e: e.tag == "button" and text_of(e) == label, f"button {label!r}")
-    return click(button, obs.dom, f"{seen} The '{label}' button is at ({{x}}, {{y}}). Click it.")
-
-
-# --- Tier 2: a few steps; each step re-reads the DOM to see how far the task has got -----------
 
 
 def fill(field: DOMElement, value: str, root: DOMElement, label: str, focus_ring: bool = True) -> Decision | None:
@@ -500,60 +377,3 @@ def solve_email_inbox(obs: Observation) -> Decision:
         if text_of(name) == sender and visible_point(name, dom, pane) is not None:
             return click_then(name, dom, f"The search found {sender}'s email at ({{x}}, {{y}}). Open it.", within=pane)
     return wait(f"Searching for {sender}; wait for the results.")
-
-
-# --- registry ----------------------------------------------------------------------------------
-
-SOLVERS: dict[str, Solver] = {
-    "click-test": solve_click_test,
-    "click-test-2": solve_click_test_2,
-    "click-button": solve_click_button,
-    "click-link": solve_click_link,
-    "click-dialog": solve_click_dialog,
-    "click-color": solve_click_color,
-    "focus-text": solve_focus_text,
-    "identify-shape": solve_identify_shape,
-    # Tier 2
-    "click-button-sequence": solve_click_button_sequence,
-    "click-checkboxes": solve_click_checkboxes,
-    "click-option": solve_click_option,
-    "click-tab": solve_click_tab,
-    "click-collapsible": solve_click_collapsible,
-    "click-widget": solve_click_widget,
-    "enter-text": solve_enter_text,
-    "enter-password": solve_enter_password,
-    "login-user": solve_login_user,
-    "use-autocomplete": solve_use_autocomplete,
-    "grid-coordinate": solve_grid_coordinate,
-    "navigate-tree": solve_navigate_tree,
-    "choose-list": solve_choose_list,
-    "enter-date": solve_enter_date,
-    "search-engine": solve_search_engine,
-    "email-inbox": solve_email_inbox,
-}
-
-
-@dataclass(frozen=True)
-class DomExpert:
-    """A Policy that solves one task by reading the DOM."""
-
-    task: str
-    solve: Solver
-    version: str = "expert"
-
-    def act(self, obs: Observation) -> Decision:
-        if obs.dom is None:
-            raise ValueError(f"the {self.task} expert needs the DOM, and this observation has none")
-        return self.solve(obs)
-
-
-def supported_tasks() -> list[str]:
-    return sorted(SOLVERS)
-
-
-def expert_for(task: str) -> Policy:
-    """The scripted expert for `task` ('click-test' or 'miniwob/click-test-v1')."""
-    name = task_name(task)
-    if name not in SOLVERS:
-        raise UnsupportedTaskError(f"no scripted expert for {task!r}; supported: {', '.join(supported_tasks())}")
-    return DomExpert(name, SOLVERS[name])
