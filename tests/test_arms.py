@@ -96,6 +96,11 @@ def test_a_tiny_run_trains_every_arm_and_its_twin_pairs_them_and_resumes_without
         assert entry["over_seeds"]["vs_twin"]["n"] == 1
     assert report["arms"]["search_bc_rl"]["seeds"]["0"]["updates"] == 1
     assert report["arms"]["iterated_search_bc"]["seeds"]["0"]["rows"]["rounds"] == 2
+    # An arm that builds on search_bc pays for its retrain too: every round's update, not the last one's alone.
+    cpu_s = {arm: report["arms"][arm]["seeds"]["0"]["cpu_s"] for arm in ("search_bc", "iterated_search_bc",
+                                                                          "search_bc_rl")}  # fmt: skip
+    # (two retrains of the same length: about twice one's CPU, where the last one's alone is about once)
+    assert cpu_s["iterated_search_bc"] > 1.4 * cpu_s["search_bc"] and cpu_s["search_bc_rl"] > cpu_s["search_bc"], cpu_s
     second = json.loads((tmp_path / "run" / "seed-0" / "iterated_search_bc-round-2" / "explore.json").read_text())
     assert second["tasks"]["unicode-test"]["first_seed"] == EXPLORE_SEED + 2  # after the start's 2 seeds
     explored = pl.read_parquet(tmp_path / "run" / "seed-0" / "explore" / "unicode-test.parquet")

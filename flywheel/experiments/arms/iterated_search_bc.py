@@ -35,11 +35,12 @@ SETTINGS = IteratedSearchBCSettings
 
 def train(ctx, settings: IteratedSearchBCSettings):
     trained = ctx.result_of(AFTER)  # round 1
-    rows, env_steps = ctx.explored(search=True), trained.env_steps
+    rows, env_steps, cpu_s = ctx.explored(search=True), trained.env_steps, trained.cpu_s
     for round_ in range(2, settings.rounds + 1):
         first = ctx.first_seed + ctx.config.seeds_per_task + (round_ - 2) * settings.round_seeds
         more, steps = ctx.explore_with(trained, f"{NAME}-round-{round_}", first, settings.round_seeds)
         rows, env_steps = pl.concat([rows, more], how="diagonal_relaxed"), env_steps + steps
         successes = repeated(filtered_successes(rows, ctx.tasks), ctx.copies)
         trained = ctx.retrain(f"{NAME}/round-{round_}", successes, env_steps, steps=trained.steps)
-    return replace(trained, rows=trained.rows | {"rounds": settings.rounds})
+        cpu_s += trained.cpu_s  # every round's retrain is paid for, not the last one's alone
+    return replace(trained, cpu_s=round(cpu_s, 1), rows=trained.rows | {"rounds": settings.rounds})

@@ -49,7 +49,7 @@ def train(ctx, settings: SearchBCRLSettings):
     online = OnlineRLConfig(guidance="anchor")
     checkpoint, env_steps, history = bc.checkpoint, 0, {t: [] for t in ctx.tasks}
     rng = np.random.default_rng([ctx.seed, 7])
-    informative_rows, result = 0, None
+    informative_rows, result, rl_cpu_s = 0, None, 0.0
     for _ in range(settings.rl_rounds):
         kept = []
         for _ in range(settings.rl_max_groups_per_round):
@@ -67,6 +67,8 @@ def train(ctx, settings: SearchBCRLSettings):
         run = StageRun("online_rl:anchor", ctx.train_config(0, online=True), ctx.dir(NAME) / "online",
                        start=checkpoint, reference=ctx.start, env_steps=env_steps)  # fmt: skip
         result = run_stage(run, StageData(rollouts=rollouts, demos=anchor), online=online)
-        checkpoint = str(result.checkpoint_path)
+        checkpoint, rl_cpu_s = str(result.checkpoint_path), rl_cpu_s + result.cpu_s
     rows = {"rl_rounds": settings.rl_rounds, "informative_rows": informative_rows}
-    return replace(ctx.trained(NAME, result, bc.steps, bc.env_steps + env_steps, rows), updates=settings.rl_rounds)
+    trained = ctx.trained(NAME, result, bc.steps, bc.env_steps + env_steps, rows)
+    # Its cost is search_bc's retrain and every round's update, not the last round's alone.
+    return replace(trained, cpu_s=round(bc.cpu_s + rl_cpu_s, 1), updates=settings.rl_rounds)
