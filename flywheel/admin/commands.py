@@ -70,7 +70,7 @@ def _spool(p: argparse.ArgumentParser) -> None:
     actions = p.add_subparsers(dest="action", required=True)
     help_text = "send a dead edge client's spool to Kafka, exactly once by event_id, and empty it"
     replay = actions.add_parser("replay", help=help_text, description=help_text, formatter_class=DefaultsHelpFormatter)
-    add_config_arguments(replay, SpoolReplayConfig)
+    add_config_arguments(replay, SpoolReplayConfig, rename={"client_home": "--home"})  # the flag operators know
     replay.set_defaults(func=cmd_spool_replay)
 
 

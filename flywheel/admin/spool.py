@@ -26,7 +26,7 @@ class NoSpool(RuntimeError):
 class SpoolReplayConfig:
     client_id: str
     """The edge client whose spool is sent: $FLYWHEEL_HOME/spool/<client id>."""
-    home: Path | None = None
+    client_home: Path | None = None
     """The FLYWHEEL_HOME that client ran with (none: this command's own FLYWHEEL_HOME, ~/.cache/flywheel unless
     set). Kafka is this command's: FLYWHEEL_BOOTSTRAP_SERVERS and the security settings."""
     timeout_s: float = 300.0
@@ -46,7 +46,7 @@ def replay_spool(config: SpoolReplayConfig, settings: Settings) -> ReplayResult:
     """Send client `config.client_id`'s spool to Kafka and empty it. SpoolInUse while another process holds it;
     NoSpool when that client never spooled under that home."""
     try:
-        directory = spool_dir(config.home or settings.home, config.client_id)
+        directory = spool_dir(config.client_home or settings.home, config.client_id)
     except ValueError as error:  # an id with a '/' or '..' names no client's spool, and no path outside the home
         raise NoSpool(str(error)) from None
     if not (directory / "spool.log").exists():  # Spool() would make an empty one and report success

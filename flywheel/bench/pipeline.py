@@ -20,7 +20,7 @@ edge clients send them):
 Lost (produced and acknowledged, never in Delta) and duplicated (rows beyond one per event_id) are
 counted over both phases. Writes DIR/pipeline_bench.json and prints a table.
 
-With `--data-dir s3://bucket/prefix` a third run, `faust_s3`, is the same worker with its tables on the object store
+With `--s3-data-dir s3://bucket/prefix` a third run, `faust_s3`, is the same worker with its tables on the object store
 (the local S3Proxy, started for it): its events/s against `faust`'s on local disk, side by side. A commit's
 visibility there is its log object's write time, read from S3Proxy's filesystem backend (S3's LastModified has
 whole seconds only).
@@ -73,7 +73,7 @@ class BenchConfig:
     """One edge client's step rate, for the fleet-size statement."""
     timeout_s: float = 300.0
     """Per phase: give up waiting for rows after this long without progress."""
-    data_dir: str = ""
+    s3_data_dir: str = ""
     """An s3://bucket/prefix: also run the faust worker with its tables there (`faust_s3`); empty: local only."""
 
 
@@ -244,7 +244,7 @@ def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes
     # Fresh topics and tables per mode; the consumer starts only once the backlog is in.
     data_dir = config.out / "data" / mode
     if mode == "faust_s3":
-        base = base.model_copy(update={"data_dir": config.data_dir})  # a prefix of the run's own under it
+        base = base.model_copy(update={"data_dir": config.s3_data_dir})  # a prefix of the run's own under it
     with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
         settings, tables = stack.settings, stack.settings.tables_dir
         print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
@@ -276,9 +276,10 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {"machine": machine()}
-    modes = MODES + (("faust_s3",) if config.data_dir else ())
-    if config.data_dir and not is_remote(config.data_dir):
-        raise ValueError(f"--data-dir {config.data_dir!r}: give an s3://bucket/prefix (local disk is the baseline)")
+    modes = MODES + (("faust_s3",) if config.s3_data_dir else ())
+    if config.s3_data_dir and not is_remote(config.s3_data_dir):
+        raise ValueError(f"--s3-data-dir {config.s3_data_dir!r}: give an s3://bucket/prefix "
+                         "(local disk is the baseline)")  # fmt: skip
     with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for every mode
         for mode in modes:
             report[mode] = run_mode(mode, config, stack.settings, screens)
