@@ -28,6 +28,14 @@ def paired(after: dict, before: dict) -> dict:
     return {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
 
 
+def point_cost(diff: float, env_steps: int, cpu_s: float) -> dict | None:
+    """What one point (0.01) of new-task success over the twin cost: environment steps of the arm's data and the
+    learner's CPU-seconds (None where the arm gained nothing)."""
+    if diff <= 0:
+        return None
+    return {"env_steps": round(env_steps / (100 * diff)), "learner_cpu_s": round(cpu_s / (100 * diff), 1)}
+
+
 def print_report(report: dict) -> None:
     start = report["start"]
     print(f"start: new tasks {start['new_mean']} {start['new_ci']}, suite {start['suite_mean']}; "

@@ -44,7 +44,7 @@ from flywheel.experiments.arms import (
     search_bc_rl,
     shuffled_labels,
 )
-from flywheel.experiments.arms_report import paired, pass_at, print_report, summary
+from flywheel.experiments.arms_report import paired, pass_at, point_cost, print_report, summary
 from flywheel.gathering.episodes import episode_rows, run_episodes, sampling_policy, to_frame
 from flywheel.gathering.evaluation import evaluate_bundle, evaluate_model
 from learner.daemon.daemon_config import DaemonConfig
@@ -462,6 +462,8 @@ def write_report(config: ArmsConfig, shared: Shared) -> dict:
                 twin = json.loads(twin_path.read_text())
                 figures["twin"] = summary(twin, new)
                 figures["vs_twin"] = paired(new_of(entry), new_of(twin))
+                gain = figures["vs_twin"]["diff"]
+                figures["a_point_costs"] = point_cost(gain, trained["env_steps"], trained["cpu_s"])
                 if config.suite_episodes:
                     figures["suite_vs_twin"] = paired(suite_of(entry), suite_of(twin))
             if config.suite_episodes:
