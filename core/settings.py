@@ -6,6 +6,7 @@ One settings object per process; nothing reads os.environ directly elsewhere.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -336,6 +337,24 @@ def _local_credential(path: Path) -> tuple[str, str]:
     table operation of a process without a configured credential asks for it. (A missing file is not cached.)"""
     access, secret = path.read_text().split()
     return access, secret
+
+
+# Variables that once tuned a process and are now its command's flags: still set, they would be ignored in silence
+# (a worker's maintenance quietly off), so a process that finds one refuses to start and names its flag.
+REMOVED_VARIABLES: dict[str, str] = {
+    "FLYWHEEL_MAX_SCREENSHOT_BYTES": "flywheel process --max-screenshot-bytes",
+    "FLYWHEEL_DEDUP_WINDOW_S": "flywheel process --dedup-window-s",
+    "FLYWHEEL_ABANDON_AFTER_S": "flywheel process --abandon-after-s",
+    "FLYWHEEL_MAINTENANCE_INTERVAL_S": "flywheel process --maintenance-interval-s",
+    "FLYWHEEL_EDGE_SPOOL_MAX_BYTES": "flywheel edge --spool-max-bytes",
+    "FLYWHEEL_CANARY_MIN_EPISODES": "flywheel canary --min-episodes",
+    "FLYWHEEL_CANARY_MARGIN": "flywheel canary --margin",
+}
+
+
+def removed_variables_set() -> list[str]:
+    """One line per removed variable this process's environment still sets, naming the flag that replaced it."""
+    return [f"{name}: no longer read; use `{flag}`" for name, flag in REMOVED_VARIABLES.items() if name in os.environ]
 
 
 @lru_cache(maxsize=1)

@@ -22,7 +22,7 @@ from core.cli_config import (
     config_from,
     config_values,
 )
-from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks
+from core.settings import TASK_ALIASES, describe_settings_error, get_settings, parse_tasks, removed_variables_set
 from flywheel.admin.commands import OPERATOR_COMMANDS
 
 
@@ -411,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = get_settings()  # read the environment once, up front: a wrong setting is a usage error
     except ValidationError as error:
         print(f"flywheel: invalid settings\n{describe_settings_error(error)}", file=sys.stderr)
+        return 2
+    if removed := removed_variables_set():
+        print("flywheel: invalid settings\n" + "\n".join(removed), file=sys.stderr)
         return 2
     try:
         return args.func(args)

@@ -1,7 +1,7 @@
 """Delta maintenance that loses nothing: compaction, vacuum, checkpoints and log cleanup, off the sinks' path.
 
-`flywheel maintain` runs it, or a background thread of the worker (FLYWHEEL_MAINTENANCE_INTERVAL_S); a sink's
-commit never does. Per table, in this order:
+`flywheel maintain` runs it, or a background thread of the worker (`flywheel process --maintenance-interval-s`);
+a sink's commit never does. Per table, in this order:
 
 1. Compact small files (`optimize.compact`). Its commit only rearranges files (dataChange false) and carries
    no app transactions, so the sinks' offsets (`transaction_version`) stay what they were, and delta-rs does

@@ -415,11 +415,14 @@ def test_a_value_a_config_refuses_is_a_usage_error_naming_the_field_before_anyth
 
 
 def test_a_wrong_setting_is_a_usage_error_of_the_cli_not_a_traceback():
-    for variable, value in [("FLYWHEEL_KAFKA_PORT", "port"), ("FLYWHEEL_DATA_DIR", "http://x/y")]:
+    for variable, value in [("FLYWHEEL_KAFKA_PORT", "port"), ("FLYWHEEL_DATA_DIR", "http://x/y"),
+                            ("FLYWHEEL_ABANDON_AFTER_S", "60")]:  # fmt: skip
         result = subprocess.run([sys.executable, "-m", "flywheel.cli", "dlq"], capture_output=True, text=True,
                                 env={**os.environ, variable: value}, timeout=120)  # fmt: skip
         assert result.returncode == 2, result.stderr[-2000:]
         assert variable in result.stderr and "Traceback" not in result.stderr
+    # a variable that once tuned the worker names the flag that replaced it, rather than being ignored in silence
+    assert "flywheel process --abandon-after-s" in result.stderr
 
 
 def test_every_flag_of_every_command_takes_junk_as_a_value_or_a_usage_error(commands, capsys):

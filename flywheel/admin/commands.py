@@ -92,7 +92,7 @@ def cmd_spool_replay(args: argparse.Namespace) -> int:
 def _canary(p: argparse.ArgumentParser) -> None:
     from flywheel.admin.canary import CanaryConfig
 
-    add_config_arguments(p, CanaryConfig)
+    add_config_arguments(p, CanaryConfig, rename={"interval_s": ("--interval", "--interval-s")})  # maintain's word
     p.set_defaults(func=cmd_canary)
 
 

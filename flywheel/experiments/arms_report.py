@@ -28,10 +28,11 @@ def paired(after: dict, before: dict) -> dict:
     return {"diff": round(diff, 4), "ci": [round(lo, 4), round(hi, 4)]}
 
 
-def point_cost(diff: float, env_steps: int, cpu_s: float) -> dict | None:
+def point_cost(gain: dict, env_steps: int, cpu_s: float) -> dict | None:
     """What one point (0.01) of new-task success over the twin cost: environment steps of the arm's data and the
-    learner's CPU-seconds (None where the arm gained nothing)."""
-    if diff <= 0:
+    learner's CPU-seconds. None where the gain (`paired`'s diff and CI) is not above 0: no point was bought."""
+    diff, (low, _high) = gain["diff"], gain["ci"]
+    if low <= 0:
         return None
     return {"env_steps": round(env_steps / (100 * diff)), "learner_cpu_s": round(cpu_s / (100 * diff), 1)}
 

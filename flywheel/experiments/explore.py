@@ -40,7 +40,7 @@ class ExploreConfig:
 NOT_EXPLORE_FLAGS = tuple(f"fleet.{name}" for name in (
     "client_id", "tasks", "episodes_per_task", "policy", "repeats", "seeds_per_visit", "channel", "wait_for_model_s",
     "bootstrap_expert", "temperature", "top_k", "metrics_port", "summary_path", "stop_after_s", "spool_timeout_s",
-    "ledger_path", "teacher",
+    "spool_max_bytes", "ledger_path", "teacher",
 ))  # fmt: skip
 
 

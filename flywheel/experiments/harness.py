@@ -462,8 +462,7 @@ def write_report(config: ArmsConfig, shared: Shared) -> dict:
                 twin = json.loads(twin_path.read_text())
                 figures["twin"] = summary(twin, new)
                 figures["vs_twin"] = paired(new_of(entry), new_of(twin))
-                gain = figures["vs_twin"]["diff"]
-                figures["a_point_costs"] = point_cost(gain, trained["env_steps"], trained["cpu_s"])
+                figures["a_point_costs"] = point_cost(figures["vs_twin"], trained["env_steps"], trained["cpu_s"])
                 if config.suite_episodes:
                     figures["suite_vs_twin"] = paired(suite_of(entry), suite_of(twin))
             if config.suite_episodes:
