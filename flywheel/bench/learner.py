@@ -56,8 +56,8 @@ class LearnerBenchConfig:
     """Comma-separated recipes (learner.recipe.VLARecipe: names in configs/ or paths); 'release-patch' is the
     first release's patch-encoder recipe (release/manifest.json), the one trained at 49 samples/s; 'release_pointer'
     the reading + pointer recipe the click map replaced."""
-    threads: str = "1,2"
-    """Comma-separated torch thread counts."""
+    thread_counts: str = "1,2"
+    """Comma-separated torch thread counts, each timed."""
     updates: str = ",".join(UPDATES)
     """Comma-separated updates to time (of sft, offline_rl, ppo, semi_online)."""
     tasks: tuple[str, ...] = DEFAULT_TASKS
@@ -266,7 +266,7 @@ def run_bench(config: LearnerBenchConfig) -> dict:
     from learner.model.ceiling import fp32_ceiling
 
     config.out.mkdir(parents=True, exist_ok=True)
-    threads = [int(t) for t in config.threads.split(",") if t]
+    threads = [int(t) for t in config.thread_counts.split(",") if t]
     report: dict[str, Any] = {
         "config": {**asdict(config), "out": str(config.out)},
         "machine": {

@@ -59,8 +59,8 @@ class SemiOnlineConfig:
     """Groups whose rollouts' step-0 returns spread no more than this (std) are dropped: nothing to rank.
     Any spread is kept: a one-step task's returns are 1.0 (the expert's click) or 0.55 (a click elsewhere),
     at most 0.225 apart in std, so the 0.3 of before dropped every such group."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the rollouts (the fleet's own is EdgeConfig.temperature)."""
     top_k: int = 0
     """Rollouts sample among the k likeliest allowed tokens (0: all)."""
     kl_beta: float = 0.01
@@ -114,7 +114,7 @@ def semi_online_rollouts(runtime, frame: pl.DataFrame, config: SemiOnlineConfig,
     names), prompt (the ids it was sampled from, history included), tokens, token_logprobs, reward, matched."""
     tok = runtime.tok
     rng = np.random.default_rng(seed)
-    sampling = Sampling(config.temperature, config.top_k, seed=seed)
+    sampling = Sampling(config.rollout_temperature, config.top_k, seed=seed)
     rows = []
     viewed = bool(config.view_shift_px or config.view_scale or config.view_colour)
     for steps in trajectories(frame):
