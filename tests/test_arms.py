@@ -73,6 +73,7 @@ def test_pass_at_k_is_the_unbiased_estimate_and_the_seeds_interval_is_students()
     assert seeds_mean_ci([0.1])["ci"] is None
 
 
+@pytest.mark.browser  # it runs the harness's own browsers, not the `env` fixture's
 def test_a_tiny_run_trains_every_arm_and_its_twin_pairs_them_and_resumes_without_training_again(tmp_path):
     from edge_client.runner import EdgeConfig
     from flywheel.experiments.arms import iterated_search_bc, search_bc_rl
