@@ -184,10 +184,14 @@ def run_client(config: EdgeConfig, settings: Settings) -> RunSummary:
     ledger = open(config.ledger_path, "a", buffering=1) if config.ledger_path is not None else None  # noqa: SIM115
 
     def publish(event: StepEvent) -> None:
+        line = f"{event.event_id} {event.episode_id}{' end' if event.done else ''}\n"
+        if ledger is not None:  # one write per line (line-buffered): a kill cuts no line
+            # Before the spool: a kill between the two lines leaves a step that may or may not be spooled (and the
+            # drain may even have delivered it), so the ledger check neither owes it nor calls it a stray.
+            ledger.write(f"spooling {line}")
         publisher.publish(steps_topic, event.episode_id.encode(), encode_event(event))
         if ledger is not None:
-            # After the spool has it: owed from now on. One write per line (line-buffered): a kill cuts no line.
-            ledger.write(f"{event.event_id} {event.episode_id}{' end' if event.done else ''}\n")
+            ledger.write(line)  # the spool has it: owed from now on
         metrics.SPOOL_DEPTH.set(publisher.depth())
 
     policies = _policy_source(config, settings)

@@ -21,6 +21,7 @@ from flywheel.chaos.ledger import (
     ledger_ok,
     open_episode,
     read_client_ledgers,
+    read_unconfirmed,
 )
 from lake.tables import STEPS
 from processors.delta_sink import Record
@@ -70,6 +71,26 @@ def test_the_ledger_knows_an_episode_a_client_was_killed_in_and_that_it_was_neve
     assert owed["s-b"] == "c1-ep-0" and len(owed) == 5  # a final step's line is owed like the others
     episodes = check_episodes(tmp_path / "tables", owed)
     assert episodes["missing"] == 2 and episodes["ended"] == {"success": 2}  # c1's two: never closed
+
+
+def test_a_step_a_kill_caught_being_spooled_is_neither_owed_nor_a_stray_and_its_episode_must_close(tmp_path):
+    log, owed = logged(tmp_path, episodes=2)
+    ledger = tmp_path / "c1.ledger"  # killed after announcing its step, before confirming it: spooled or not
+    ledger.write_text("spooling s-a c1-ep-0\ns-a c1-ep-0\nspooling s-b c1-ep-0 end\n")
+    assert open_episode(ledger) == "c1-ep-0"  # whether the final step lands or not, the episode must close
+    owed, unconfirmed = owed | read_client_ledgers([ledger]), read_unconfirmed([ledger])
+    assert "s-a" in owed and unconfirmed == {"s-b": "c1-ep-0"}
+    tables = tmp_path / "tables"
+    landed = step_event("c1-ep-0", 0, done=False, event_id="s-a"), step_event("c1-ep-0", 1, event_id="s-b")
+    for offset, step in enumerate(landed, start=200):
+        log.sinks[STEPS].write([Record("steps", 1, offset, [step_row(step, 1, offset)])])
+    steps = check_steps(tables, owed, unconfirmed)  # the drain delivered it before the kill
+    assert (steps["unowed"], steps["missing"], steps["unconfirmed_landed"]) == (0, 0, 1)
+    assert check_steps(tables, owed)["unowed"] == 1  # without the announcement it would be a stray
+    assert check_episodes(tables, owed, unconfirmed)["missing"] == 1  # c1-ep-0: landed steps, never closed
+    stray = step_event("c9-ep-0")  # announced by no client: still a stray
+    log.sinks[STEPS].write([Record("steps", 0, 100, [step_row(stray, 0, 100)])])
+    assert check_steps(tables, owed, unconfirmed)["unowed"] == 1
 
 
 def test_a_spool_left_with_unsent_events_fails_the_ledger(tmp_path):

@@ -19,6 +19,7 @@ from kafka.errors import KafkaTimeoutError
 
 from core.processes import sigterm_requests_stop, wait_until
 from edge_client.spool import Spool, SpoolFull, SpoolingPublisher, SpoolInUse, spool_dir
+from flywheel.chaos.ledger import read_client_ledgers
 from lake.tables import STEPS
 from processors.replay import assign_from_beginning, read_until
 from schemas import StepEvent, decode_event
@@ -324,7 +325,7 @@ def test_an_edge_client_asked_to_stop_ends_its_episode_and_drains_its_spool(stac
         if step.client_id == "stopped-c0":
             episodes.setdefault(step.episode_id, []).append(step)
     consumer.close()
-    assert sum(len(steps) for steps in episodes.values()) == len(ledger_path.read_text().splitlines())
+    assert sum(len(steps) for steps in episodes.values()) == len(read_client_ledgers([ledger_path]))
     assert len(episodes) == summary["episodes"]
     for steps in episodes.values():  # every episode ends with its final step, and only there
         assert [s.done for s in sorted(steps, key=lambda s: s.step)] == [False] * (len(steps) - 1) + [True]

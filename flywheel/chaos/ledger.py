@@ -2,7 +2,8 @@
 tables hold.
 
     steps          every event_id a client recorded as spooled (edge_client.runner's ledger) is in `steps` exactly
-                   once, and `steps` holds nothing else
+                   once, and `steps` holds nothing else but steps a kill caught being spooled (announced, never
+                   confirmed: each may have landed or not)
     episodes       every episode those steps belong to is closed exactly once: in `episodes` once, complete or
                    abandoned (a client killed mid-episode never sends its final step), and none is left open
     spools         no client's spool holds an unsent event once the clients have stopped
@@ -38,36 +39,57 @@ def read_client_ledgers(paths: Iterable[Path]) -> dict[str, str]:
     """event_id -> episode_id of every step the clients spooled (lines 'event_id episode_id', ' end' after an
     episode's final step: edge_client.runner; a line cut mid-write is not a step the client finished recording, so
     it is skipped)."""
+    return _ledger_lines(paths)[0]
+
+
+def read_unconfirmed(paths: Iterable[Path]) -> dict[str, str]:
+    """event_id -> episode_id of the steps a client announced ('spooling event_id episode_id') but was killed before
+    confirming: whether the spool took each is unknown, so each may land or not."""
+    return _ledger_lines(paths)[1]
+
+
+def _ledger_lines(paths: Iterable[Path]) -> tuple[dict[str, str], dict[str, str]]:
     owed: dict[str, str] = {}
+    announced: dict[str, str] = {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
             parts = line.split()
-            if len(parts) == 2 or (len(parts) == 3 and parts[2] == "end"):
-                owed[parts[0]] = parts[1]
-    return owed
+            announcing = parts[:1] == ["spooling"]
+            step = parts[1:] if announcing else parts
+            if len(step) == 2 or (len(step) == 3 and step[2] == "end"):
+                (announced if announcing else owed)[step[0]] = step[1]
+    return owed, {e: episode for e, episode in announced.items() if e not in owed}
 
 
 def open_episode(path: Path) -> str | None:
-    """The episode a client's ledger shows it in the middle of (its last line a step other than a final one), or
-    None (between episodes, or no ledger yet)."""
+    """The episode a client's ledger shows it in the middle of (its last line a step other than a final one, or any
+    step still being spooled: whether it lands or not, its episode must close), or None (between episodes, or no
+    ledger yet)."""
     lines = path.read_text().splitlines() if path.exists() else []
     parts = lines[-1].split() if lines else []
+    if parts[:1] == ["spooling"] and len(parts) >= 3:
+        return parts[2]
     return parts[1] if len(parts) == 2 else None
 
 
-def check_steps(tables_dir: Location, owed: dict[str, str]) -> dict:
+def check_steps(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[str, str] | None = None) -> dict:
+    """`owed` in `steps` exactly once; nothing else there but `unconfirmed` steps that landed (each at most once)."""
+    unconfirmed = unconfirmed or {}
     found = _counts(tables_dir, STEPS, "event_id")
     missing = sorted(set(owed) - set(found))
     duplicated = sorted(e for e, n in found.items() if n > 1)
-    unowed = sorted(set(found) - set(owed))
+    unowed = sorted(set(found) - set(owed) - set(unconfirmed))
     return {"owed": len(owed), "in_table": sum(found.values()), "missing": len(missing), "duplicated": len(duplicated),
-            "unowed": len(unowed), "examples": {"missing": missing[:5], "duplicated": duplicated[:5],
-                                                "unowed": unowed[:5]}}  # fmt: skip
+            "unowed": len(unowed), "unconfirmed": len(unconfirmed),
+            "unconfirmed_landed": len(set(unconfirmed) & set(found)),
+            "examples": {"missing": missing[:5], "duplicated": duplicated[:5], "unowed": unowed[:5]}}  # fmt: skip
 
 
-def check_episodes(tables_dir: Location, owed: dict[str, str]) -> dict:
-    """Every episode of the owed steps closed once; `missing` ones are still open, `ended` counts how they closed."""
-    episodes = set(owed.values())
+def check_episodes(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[str, str] | None = None) -> dict:
+    """Every episode of the owed steps, and of the unconfirmed ones that landed, closed once; `missing` ones are still
+    open, `ended` counts how they closed."""
+    landed = set(_counts(tables_dir, STEPS, "event_id")) if unconfirmed else set()
+    episodes = set(owed.values()) | {episode for e, episode in (unconfirmed or {}).items() if e in landed}
     found = _counts(tables_dir, EPISODES, "episode_id")
     missing = sorted(episodes - set(found))
     duplicated = sorted(e for e, n in found.items() if n > 1)

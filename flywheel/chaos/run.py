@@ -36,6 +36,7 @@ from flywheel.chaos.ledger import (
     ledger_ok,
     open_episode,
     read_client_ledgers,
+    read_unconfirmed,
 )
 from flywheel.chaos.proxy import Proxy
 from flywheel.chaos.report import closed_episodes, fleet_idle, plot_timeline
@@ -143,7 +144,7 @@ class ChaosRun:
 
     def owed(self, k: int) -> int:
         path = self.ledger(k)
-        return len(path.read_text().splitlines()) if path.exists() else 0
+        return len(read_client_ledgers([path])) if path.exists() else 0
 
     def landed(self, prefix: str = PREFIX) -> int:
         return step_count(self.settings.tables_dir, prefix)
@@ -462,10 +463,12 @@ def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
 
 def check(run: ChaosRun) -> dict:
     settings = run.settings
-    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.run.clients))
+    ledgers = [run.ledger(k) for k in range(run.config.run.clients)]
+    owed, unconfirmed = read_client_ledgers(ledgers), read_unconfirmed(ledgers)
     letters = [letter.value for letter in read_dead_letters(settings)]
     versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
-    ledger = {"steps": check_steps(settings.tables_dir, owed), "episodes": check_episodes(settings.tables_dir, owed),
+    ledger = {"steps": check_steps(settings.tables_dir, owed, unconfirmed),
+              "episodes": check_episodes(settings.tables_dir, owed, unconfirmed),
               "spools": check_spools(settings.home / "spool"),
               "dead_letters": check_dead_letters(letters, run.injected), "versions": versions}  # fmt: skip
     kills = [r.at_s for r in run.records if r.fault == "kill_learner"]
