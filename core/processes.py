@@ -244,15 +244,20 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
-def browser_pids(root: int) -> list[int]:
-    """The chromium browser processes among `root`'s descendants, not their helpers (whose command lines carry
-    --type=; chromium rewrites its helpers' titles into one space-separated string, so the whole line is searched)."""
+def descendants(root: int) -> list[int]:
+    """Every process under `root`: its children, theirs, and so on."""
     found, frontier = [], [root]
     while frontier:
         kids = child_pids(frontier.pop())
         found += kids
         frontier += kids
-    return [pid for pid in found if _is_browser_main(pid)]
+    return found
+
+
+def browser_pids(root: int) -> list[int]:
+    """The chromium browser processes among `root`'s descendants, not their helpers (whose command lines carry
+    --type=; chromium rewrites its helpers' titles into one space-separated string, so the whole line is searched)."""
+    return [pid for pid in descendants(root) if _is_browser_main(pid)]
 
 
 def _is_browser_main(pid: int) -> bool:

@@ -324,6 +324,25 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 0 if report["ledger_ok"] and report["all_recovered"] else 1
 
 
+def _soak(p: argparse.ArgumentParser) -> None:
+    from flywheel.soak.run import NOT_SOAK_FLAGS, SoakConfig
+
+    add_config_arguments(
+        p,
+        SoakConfig,
+        parse={"run.fleet.tasks": runnable_tasks, "run.fleet.new_tasks": runnable_tasks},
+        exclude=NOT_SOAK_FLAGS,
+    )
+    p.set_defaults(func=cmd_soak)
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    from flywheel.soak.run import SoakConfig, run_soak
+
+    report = run_soak(config_from(args, SoakConfig), get_settings())
+    return 0 if report.get("finished") is False or report["targets"]["ledger_ok"] else 1
+
+
 def _bench(p: argparse.ArgumentParser) -> None:
     from flywheel.bench import edge, env, learner, maintenance, pipeline, security
 
@@ -372,6 +391,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         _demo,
     ),
     "chaos": ("the continuous flywheel under a seeded fault schedule, then the ledger check: DIR/chaos.json", _chaos),
+    "soak": ("the main job's parts for hours, each process and table sampled, then the ledger: DIR/soak.json", _soak),
     "bench": (
         "benchmarks: `pipeline`, `edge` (VLA step), `env` (environment), `learner`, `maintenance`, `security`",
         _bench,
@@ -392,7 +412,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     return parser
 
 
-ORCHESTRATORS = {"demo", "demonstrations", "release", "experiment", "bench", "chaos"}  # commands that start processes
+ORCHESTRATORS = {"demo", "demonstrations", "release", "experiment", "bench", "chaos", "soak"}  # they start processes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -235,6 +235,7 @@ def config_classes() -> dict[str, type]:
     from flywheel.run.config import DemoConfig
     from flywheel.run.diagnose import DiagnoseConfig
     from flywheel.run.release import DemonstrationsConfig
+    from flywheel.soak.run import SoakConfig
     from learner.daemon.daemon_config import DaemonConfig
     from learner.recipe import LearnConfig, VLATrainConfig
     from processors.maintenance import MaintenanceConfig
@@ -244,7 +245,7 @@ def config_classes() -> dict[str, type]:
                VLATrainConfig, MaintenanceConfig, MaintenanceBenchConfig, DaemonConfig,
                EnvBenchConfig, LearnerBenchConfig, TeacherConfig, SecurityBenchConfig,
                ChaosConfig, SpoolReplayConfig, DiagnoseConfig, WorkerConfig, ExploreConfig, ArmsConfig,
-               OfflineRLSettings, SearchBCRLSettings, IteratedSearchBCSettings, CanaryConfig)  # fmt: skip
+               OfflineRLSettings, SearchBCRLSettings, IteratedSearchBCSettings, CanaryConfig, SoakConfig)  # fmt: skip
     return {c.__name__: c for c in classes}
 
 

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
 import polars as pl
 
+from core.console import say
 from core.object_store import Location
+from core.processes import wait_until
 from edge_client.spool import Spool
+from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS, open_table, scan, table_exists, table_uri
 from registry.signing import TrustedKeys
 from registry.store import ModelRejected, fetch_verified, read_manifests
@@ -70,6 +73,36 @@ def open_episode(path: Path) -> str | None:
     if parts[:1] == ["spooling"] and len(parts) >= 3:
         return parts[2]
     return parts[1] if len(parts) == 2 else None
+
+
+def closed_episodes(tables_dir: Location, episode_ids: set[str]) -> int:
+    """How many of `episode_ids` have their row in `episodes` (complete or abandoned)."""
+    episodes = scan_table(tables_dir, EPISODES)
+    if episodes is None:
+        return 0
+    return (
+        episodes.filter(pl.col("episode_id").is_in(sorted(episode_ids))).select("episode_id").unique().collect().height
+    )
+
+
+def drain(
+    tables_dir: Location,
+    ledgers: list[Path],
+    landed: Callable[[], int],
+    abandon_after_s: float,
+    timeout_s: float = 600.0,
+) -> None:
+    """Wait until every step the clients' `ledgers` owe is in Delta (`landed` counts the clients' steps there) and
+    every episode of them is closed, the last ones abandoned by the workers' idle check (`abandon_after_s` past their
+    last step), or the timeout: the ledger check then says what is missing or open."""
+    owed = read_client_ledgers(ledgers)
+    episodes = set(owed.values())
+    try:
+        wait_until(lambda: landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
+        wait_until(lambda: closed_episodes(tables_dir, episodes) >= len(episodes), abandon_after_s + 120,
+                   interval=5, what=f"{len(episodes)} episodes closed")  # fmt: skip
+    except TimeoutError as error:
+        say(f"ledger: {error}")
 
 
 def check_steps(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[str, str] | None = None) -> dict:

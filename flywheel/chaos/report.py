@@ -9,17 +9,7 @@ import polars as pl
 
 from core.object_store import Location
 from lake.queries import scan_table
-from lake.tables import EPISODES, STEPS
-
-
-def closed_episodes(tables_dir: Location, episode_ids: set[str]) -> int:
-    """How many of `episode_ids` have their row in `episodes` (complete or abandoned)."""
-    episodes = scan_table(tables_dir, EPISODES)
-    if episodes is None:
-        return 0
-    return (
-        episodes.filter(pl.col("episode_id").is_in(sorted(episode_ids))).select("episode_id").unique().collect().height
-    )
+from lake.tables import STEPS
 
 
 def fleet_idle(tables_dir: Location, prefix: str) -> dict:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from core.console import jsonable, say
-from core.processes import Child, browser_pids, child_pids, free_ports, wait_until
+from core.processes import Child, browser_pids, child_pids, free_ports
 from core.settings import TIER1_TASKS, Settings
 from flywheel.admin.dlq import read_dead_letters
 from flywheel.chaos.ledger import (
@@ -33,13 +33,15 @@ from flywheel.chaos.ledger import (
     check_spools,
     check_steps,
     check_versions,
+    closed_episodes,
+    drain,
     ledger_ok,
     open_episode,
     read_client_ledgers,
     read_unconfirmed,
 )
 from flywheel.chaos.proxy import Proxy
-from flywheel.chaos.report import closed_episodes, fleet_idle, plot_timeline
+from flywheel.chaos.report import fleet_idle, plot_timeline
 from flywheel.chaos.schedule import FAULTS, Strike, make_schedule
 from flywheel.run.config import NOT_DEMO_FLAGS, DemoConfig, fleet_client, learner_args, worker_args
 from flywheel.run.fleet import edge_args
@@ -142,6 +144,9 @@ class ChaosRun:
     def ledger(self, k: int) -> Path:
         return self.config.run.out / "ledgers" / f"client{k}.txt"
 
+    def ledgers(self) -> list[Path]:
+        return [self.ledger(k) for k in range(self.config.run.clients)]
+
     def owed(self, k: int) -> int:
         path = self.ledger(k)
         return len(read_client_ledgers([path])) if path.exists() else 0
@@ -182,7 +187,7 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
         try:
             start_fleet(run)
             drive(run, schedule)
-            drain(run)
+            drain(run.settings.tables_dir, run.ledgers(), run.landed, run.config.run.worker.abandon_after_s)
         finally:
             for client in run.clients + run.killed:
                 client.stop()
@@ -447,24 +452,9 @@ STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
 # --- the end: drain, ledger, figures ---------------------------------------------------------------------------
 
 
-def drain(run: ChaosRun, timeout_s: float = 600.0) -> None:
-    """Wait until every step the clients owe is in Delta and every episode of them is closed, the last ones
-    abandoned by the workers' idle check (or the timeout: the ledger then says what is missing or open)."""
-    owed = read_client_ledgers(run.ledger(k) for k in range(run.config.run.clients))
-    episodes = set(owed.values())
-    try:
-        wait_until(lambda: run.landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
-        wait_until(lambda: closed_episodes(run.settings.tables_dir, episodes) >= len(episodes),
-                   run.config.run.worker.abandon_after_s + 120, interval=5,
-                   what=f"{len(episodes)} episodes closed")  # fmt: skip
-    except TimeoutError as error:
-        say(f"chaos: {error}")
-
-
 def check(run: ChaosRun) -> dict:
     settings = run.settings
-    ledgers = [run.ledger(k) for k in range(run.config.run.clients)]
-    owed, unconfirmed = read_client_ledgers(ledgers), read_unconfirmed(ledgers)
+    owed, unconfirmed = read_client_ledgers(run.ledgers()), read_unconfirmed(run.ledgers())
     letters = [letter.value for letter in read_dead_letters(settings)]
     versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
     ledger = {"steps": check_steps(settings.tables_dir, owed, unconfirmed),

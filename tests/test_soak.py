@@ -1,0 +1,86 @@
+"""The soak's readers and figures: /proc parsed right, a planted leak caught, a flat run passed."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from flywheel.soak.report import process_figures, slope_per_h, soak_report, window_floors
+from flywheel.soak.sample import CLOCK_TICKS, PAGE_MIB, dir_bytes, file_count, parse_stat, process_stats, tree_stats
+
+
+def test_a_stat_line_is_read_past_a_command_name_with_spaces_and_parentheses():
+    fields = ["S", *map(str, range(4, 14)), "250", "50", *map(str, range(16, 20)), "7", "0", "123", "4096", "1000"]
+    line = f"4242 (faust (worker) 1) {' '.join(fields)} 0 0 0"
+    cpu_s, threads, rss_mib = parse_stat(line)
+    assert cpu_s == 300 / CLOCK_TICKS and threads == 7 and rss_mib == 1000 * PAGE_MIB
+
+
+def test_this_process_is_read_and_a_gone_one_is_none():
+    me = process_stats(os.getpid())
+    assert me is not None and me.rss_mib > 10 and me.fds >= 3 and me.threads >= 1 and me.cpu_s > 0
+    assert process_stats(2**22 + 7) is None  # above pid_max's default: no such process
+    both = tree_stats([os.getpid(), 2**22 + 7, os.getpid()])
+    assert both is not None and both.fds == 2 * me.fds  # the gone one is skipped, the rest summed
+
+
+def test_bytes_on_disk_and_files_under_a_folder(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.parquet").write_bytes(b"1" * 100_000)
+    (tmp_path / "y.parquet").write_bytes(b"1" * 20_000)
+    with (tmp_path / "z.index").open("wb") as index:  # sized ahead, as Kafka sizes its index files: sparse
+        index.truncate(10 * 2**20)
+    assert 120_000 <= dir_bytes(tmp_path) <= 120_000 + 3 * 8192 and dir_bytes(tmp_path / "none") == 0
+    assert file_count(tmp_path, ".parquet") == 2
+
+
+def samples(hours: float, leak_mib_per_h: float, every_s: float = 30.0, seed: int = 0) -> list[dict]:
+    """A run's samples: one process whose RSS floor rises by `leak_mib_per_h`, with spikes above the floor (a
+    compaction, a training step) and descriptors that come and go."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(int(hours * 3600 / every_s)):
+        t = i * every_s
+        rss = 300 + leak_mib_per_h * t / 3600 + (rng.random() < 0.2) * rng.uniform(20, 80)
+        process = {"rss_mib": rss, "fds": 40 + rng.randrange(4), "threads": 12, "cpu_s": t / 10}
+        rows.append({"t_s": t, "processes": {"worker0": process}, "learner_read_s": 0.05, "steps_per_s": 9.0,
+                     "tables": {"steps": {"bytes": 1000 + i, "live_files": 30, "files_on_disk": 90}},
+                     "disk": {"logs": 10 * i},
+                     "lag": {"steps": 3.0}, "steps": 9 * int(t), "versions": 0})  # fmt: skip
+    return rows
+
+
+def test_a_planted_leak_fails_the_memory_target_and_a_flat_run_with_spikes_passes():
+    flat, leaking = samples(2.0, 0.0), samples(2.0, 20.0)
+    assert process_figures(flat, 900)["worker0"]["rss_slope_mib_per_h"] < 1.0  # the spikes lift no floor
+    assert 18 < process_figures(leaking, 900)["worker0"]["rss_slope_mib_per_h"] < 22
+    passed, failed = soak_report(flat, {"ok": True}, 900), soak_report(leaking, {"ok": True}, 900)
+    assert all(passed["targets"].values()), passed["targets"]
+    assert not failed["targets"]["rss_slope_mib_per_h<=5"] and failed["targets"]["fds_flat"]
+
+
+def test_descriptors_that_keep_climbing_and_a_table_of_too_many_files_fail():
+    rows = samples(1.0, 0.0)
+    for i, row in enumerate(rows):
+        row["processes"]["worker0"]["fds"] = 40 + i // 10  # one more every 5 minutes: never returns
+    rows[-1]["tables"]["steps"]["live_files"] = 201
+    targets = soak_report(rows, {"ok": True}, 900)["targets"]
+    assert not targets["fds_flat"] and not targets["files_per_table<=200"]
+
+
+def test_a_run_too_short_to_fit_leaves_the_memory_target_unjudged():
+    assert soak_report(samples(0.2, 50.0), {"ok": True}, 600)["targets"]["rss_slope_mib_per_h<=5"] is None
+
+
+def test_a_slower_fleet_and_a_slower_read_at_the_end_fail_their_targets():
+    rows = samples(1.0, 0.0)
+    for row in rows[-10:]:
+        row["steps_per_s"], row["learner_read_s"] = 7.0, 0.1
+    targets = soak_report(rows, {"ok": True}, 900)["targets"]
+    assert targets["steps_per_s_end>=0.9x_start"] is False and targets["read_time_end<=1.5x_start"] is False
+
+
+def test_window_floors_and_the_slope_of_a_line():
+    mids, floors = window_floors([0, 100, 200, 300, 400, 650], [5, 3, 4, 9, 8, 1], window_s=300)
+    assert mids == [150, 450, 750] and floors == [3, 8, 1]
+    assert abs(slope_per_h([0, 1800, 3600], [10, 15, 20]) - 10) < 1e-9 and slope_per_h([0, 1], [1, 2]) is None
