@@ -60,8 +60,11 @@ def store_artifact(src: Path, artifacts_dir: Location) -> tuple[str, str]:
     return target.as_uri(), digest
 
 
-def manifest_location(artifacts_dir: Location, version: str) -> Location:
-    return join(artifacts_dir, "manifests", f"{version}.json")
+MANIFESTS, RETIRED = "manifests", "retired"  # a live version's manifest; a retired one's (its artifact deleted)
+
+
+def manifest_location(artifacts_dir: Location, version: str, folder: str = MANIFESTS) -> Location:
+    return join(artifacts_dir, folder, f"{version}.json")
 
 
 def write_manifest(event: ModelVersionEvent, artifacts_dir: Location, extra: dict | None = None) -> Location:
@@ -78,10 +81,10 @@ REQUIRED_FIELDS = ("version", "produced_at")
 MAX_MANIFEST_BYTES = 1024 * 1024
 
 
-def read_manifest(artifacts_dir: Location, version: str) -> dict | None:
+def read_manifest(artifacts_dir: Location, version: str, folder: str = MANIFESTS) -> dict | None:
     """One version's manifest, None when the store has none by that name; ValueError naming the file for one that
     is not a manifest (truncated, altered, oversized)."""
-    location = manifest_location(artifacts_dir, version)
+    location = manifest_location(artifacts_dir, version, folder)
     try:
         data = get_settings().files().read(location, max_bytes=MAX_MANIFEST_BYTES)
     except TooLarge as error:
@@ -104,14 +107,15 @@ def parse_manifest(data: bytes, location: Location) -> dict:
     return manifest
 
 
-def read_manifests(artifacts_dir: Location, skip_unreadable: bool = True) -> list[dict]:
-    """Every version's manifest in the store, oldest first (by produced_at). An unreadable one is logged and
-    skipped, so one bad file hides one version, not the store; `skip_unreadable=False` raises instead, for a
-    caller that must not act on a partial view (maintenance deleting what a version's lineage pins)."""
+def read_manifests(artifacts_dir: Location, skip_unreadable: bool = True, folder: str = MANIFESTS) -> list[dict]:
+    """Every version's manifest in the store (or, with `folder=RETIRED`, every retired one's), oldest first (by
+    produced_at). An unreadable one is logged and skipped, so one bad file hides one version, not the store;
+    `skip_unreadable=False` raises instead, for a caller that must not act on a partial view (maintenance deleting
+    what a version's lineage pins)."""
     found = []
-    for location in manifest_locations(artifacts_dir):
+    for location in manifest_locations(artifacts_dir, folder):
         try:
-            found.append(read_manifest(artifacts_dir, Path(str(location)).stem))
+            found.append(read_manifest(artifacts_dir, Path(str(location)).stem, folder))
         except ValueError as error:
             if not skip_unreadable:
                 raise
@@ -121,12 +125,13 @@ def read_manifests(artifacts_dir: Location, skip_unreadable: bool = True) -> lis
 
 def ancestry(artifacts_dir: Location, version: str) -> list[dict]:
     """The manifests of `version` and of the versions it descends from, newest first, back to its first SFT (or the
-    first version without a parent): each manifest's `parent` is the version published before it."""
+    first version without a parent): each manifest's `parent` is the version published before it. A retired
+    version's manifest is read from RETIRED: who descends from whom outlives the artifacts."""
     chain: list[dict] = []
     while version and not (chain and chain[-1].get("stage") == "sft"):
-        manifest = read_manifest(artifacts_dir, version)
+        manifest = read_manifest(artifacts_dir, version) or read_manifest(artifacts_dir, version, RETIRED)
         if manifest is None:
-            raise FileNotFoundError(f"no manifest of {version!r} under {join(artifacts_dir, 'manifests')}")
+            raise FileNotFoundError(f"no manifest of {version!r} under {join(artifacts_dir, MANIFESTS)}")
         if any(m["version"] == version for m in chain):  # an altered manifest must not loop the walk forever
             raise ValueError(f"manifest {version!r} descends from itself")
         chain.append(manifest)
@@ -134,8 +139,27 @@ def ancestry(artifacts_dir: Location, version: str) -> list[dict]:
     return chain
 
 
-def manifest_locations(artifacts_dir: Location) -> list[Location]:
-    return [p for p in get_settings().files().list(join(artifacts_dir, "manifests")) if str(p).endswith(".json")]
+def manifest_locations(artifacts_dir: Location, folder: str = MANIFESTS) -> list[Location]:
+    return [p for p in get_settings().files().list(join(artifacts_dir, folder)) if str(p).endswith(".json")]
+
+
+def versions_to_retire(manifests: list[dict], keep_last: int, needed: set[str]) -> list[dict]:
+    """The manifests (oldest first, as read_manifests gives them) of every version but the newest `keep_last` and
+    the `needed` ones."""
+    keep = {m["version"] for m in manifests[max(0, len(manifests) - keep_last) :]} | needed
+    return [m for m in manifests if m["version"] not in keep]
+
+
+def retire(artifacts_dir: Location, manifest: dict, named_by_live: set[str]) -> None:
+    """Retire one version: its manifest moves to RETIRED (written there first, so a crash leaves it in both, never
+    in neither), then its artifact is deleted unless a live version names the same bytes (`named_by_live`: their
+    digests)."""
+    files = get_settings().files()
+    version = manifest["version"]
+    files.write(manifest_location(artifacts_dir, version, RETIRED), json.dumps(manifest, indent=2).encode())
+    files.delete(manifest_location(artifacts_dir, version))
+    if "artifact_uri" in manifest and manifest.get("sha256") not in named_by_live:
+        files.delete(artifact_location(manifest["artifact_uri"]))
 
 
 def artifact_location(uri: str) -> Location:

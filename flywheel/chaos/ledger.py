@@ -32,7 +32,7 @@ from edge_client.spool import Spool
 from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS, open_table, scan, table_exists, table_uri
 from registry.signing import TrustedKeys
-from registry.store import ModelRejected, fetch_verified, read_manifests
+from registry.store import RETIRED, ModelRejected, fetch_verified, read_manifests
 from schemas import ModelVersionEvent
 
 SIGNED_FIELDS = tuple(ModelVersionEvent.__struct_fields__)
@@ -151,12 +151,24 @@ def check_dead_letters(letters: Iterable[bytes], injected: Iterable[bytes]) -> d
 
 
 def check_versions(artifacts_dir: Location, tables_dir: Location, trusted_dir: Path) -> dict:
-    manifests = read_manifests(artifacts_dir, skip_unreadable=False)  # an unreadable manifest fails the check
+    """Each live version verified (signature, digest, lineage); every version, retired ones too
+    (learner.daemon.retention), in one chain of parents and no id twice."""
+    live = read_manifests(artifacts_dir, skip_unreadable=False)  # an unreadable manifest fails the check
+    alive = {m["version"] for m in live}  # a retirement cut short leaves both copies: the live one counts
+    retired = [
+        m for m in read_manifests(artifacts_dir, skip_unreadable=False, folder=RETIRED) if m["version"] not in alive
+    ]
+    manifests = sorted(live + retired, key=lambda m: float(m["produced_at"]))
     trusted, problems = TrustedKeys(trusted_dir), []
     ids = [m["version"] for m in manifests]
     reused = sorted(v for v, n in Counter(ids).items() if n > 1)
     for previous, manifest in zip([None, *manifests], manifests, strict=False):
         version = manifest["version"]
+        if previous is not None and manifest.get("parent") != previous["version"]:
+            problems.append(f"{version}: parent {manifest.get('parent')!r}, but {previous['version']} was published "
+                            "before it")  # fmt: skip
+        if manifest in retired:
+            continue
         event = msgspec.convert({k: manifest[k] for k in SIGNED_FIELDS if k in manifest}, ModelVersionEvent)
         try:
             trusted.verify(event)
@@ -172,9 +184,8 @@ def check_versions(artifacts_dir: Location, tables_dir: Location, trusted_dir: P
                 open_table(uri, table_version)
             except Exception as error:  # noqa: BLE001 - any failure to load that version is the finding
                 problems.append(f"{version}: {table}@{table_version} does not load: {error!r}")
-        if previous is not None and event.parent != previous["version"]:
-            problems.append(f"{version}: parent {event.parent!r}, but {previous['version']} was published before it")
-    return {"published": len(ids), "reused_ids": reused, "problems": problems, "versions": ids}
+    return {"published": len(ids), "retired": len(retired), "reused_ids": reused, "problems": problems,
+            "versions": ids}  # fmt: skip
 
 
 def check_learner_kills(kills: list[dict], versions: list[dict]) -> list[dict]:

@@ -65,6 +65,10 @@ class DaemonConfig:
     new_task_copies: int = 4
     """supervised: copies of each of those successes in a retrain: a few verified rows beside thousands of
     demonstration rows are otherwise a rounding error in the loss (with retrain_passes 4, each is seen 16 times)."""
+    keep_versions: int = 0
+    """After each publish, keep the newest this many versions in the model store, plus every one still needed (a
+    channel's head, one in use, one held), and only the training runs a stage starts from again
+    (learner.daemon.retention); 0: keep every version and run."""
     max_versions: int = 0
     """Stop after publishing this many versions (0: run until stopped)."""
     stop_after_s: float = 0.0

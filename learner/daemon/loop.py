@@ -46,6 +46,7 @@ from learner.algorithms.training_run import VLAResult
 from learner.daemon import metrics
 from learner.daemon.daemon_config import DaemonConfig
 from learner.daemon.publish import publish_artifact
+from learner.daemon.retention import prune_runs, retire_versions
 from learner.data.tables import load_rollouts, load_samples, table_versions
 from learner.data.teacher_labels import (
     label_count,
@@ -293,6 +294,10 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
                                "bundle": str(bundle.resolve()), "teacher_labels_in_tables": counts.teacher_labels,
                                "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)
+        if config.keep_versions:
+            retire_versions(settings, state.version, config.keep_versions)
+            starts = {Path(state.sft_checkpoint).parent.name, Path(state.checkpoint).parent.name, state.online_dir}
+            prune_runs(state_path.parent, starts)
         published_now += 1
         log.warning("published %s (%s) after %.0f s of training", event.version, stage, event.produced_at - started_at)
     return state
