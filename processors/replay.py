@@ -7,6 +7,11 @@ turns records into rows through the same functions the faust agents use (`proces
 de-duplication by identity of `processors.dedup`, `DeltaSink` with the offsets in the commit, so a replay
 interrupted half-way resumes where it stopped, and a second replay of the same horizon writes nothing).
 
+Past the log's retention, the tables are the record of truth: the rows of offsets Kafka has deleted (below a
+partition's log start) are carried over from the live tables as they are, each offset once, and the replay reads
+the log from its start (`carry_past_retention`). So a table is rebuilt whole for as long as the live table keeps
+what the log lost; a rebuild then proves the projection of what the log still holds.
+
 Episodes are read from the `episodes` topic, not re-assembled from steps: the log holds the scored
 EpisodeEvents the live sink wrote, with their event ids. Re-scoring would mint
 new event ids (and could not know which of two copies emitted after a crash the live table kept),
@@ -24,13 +29,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import polars as pl
 from kafka import KafkaConsumer, TopicPartition
 
 from core.settings import Settings
+from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors.curation import episode_history
 from processors.dedup import RecentIds
-from processors.delta_sink import DeltaSink
+from processors.delta_sink import DeltaSink, Record
 from processors.messages import BATCH_MAX, episode_records, step_records
 from processors.worker_config import WorkerConfig
 from streams.kafka_clients import make_consumer
@@ -43,6 +50,12 @@ Horizon = dict[tuple[str, int], int]
 
 
 # --- reading the log up to a horizon ----------------------------------------------------------------------------
+
+
+def log_starts(consumer: KafkaConsumer, horizon: Horizon) -> Horizon:
+    """The first offset the log still holds, per partition of `horizon` (above 0 once retention deleted some)."""
+    partitions = [TopicPartition(t, p) for t, p in horizon]
+    return {(tp.topic, tp.partition): start for tp, start in consumer.beginning_offsets(partitions).items()}
 
 
 def assign_from_beginning(consumer: KafkaConsumer, topics: list[str], timeout_s: float = 30.0) -> Horizon:
@@ -95,6 +108,7 @@ def read_until(
 class ReplaySummary:
     horizon: Horizon
     records: dict[str, int] = field(default_factory=dict)  # topic -> records read
+    carried: dict[str, int] = field(default_factory=dict)  # table -> rows carried from the live table (past retention)
     rows: dict[str, int] = field(default_factory=dict)  # table -> rows written
     dead_letters: int = 0  # undecodable steps skipped (the live worker dead-lettered them already)
     wall_s: float = 0.0
@@ -130,9 +144,14 @@ def replay(
     consumer = make_consumer(settings, "flywheel-replay", consumer_timeout_ms=1000, fetch_max_bytes=64 * 1024 * 1024)
     try:
         horizon = assign_from_beginning(consumer, [steps_topic, episodes_topic])
-        summary = ReplaySummary(
-            horizon, {steps_topic: 0, episodes_topic: 0}, {STEPS: 0, EPISODES: 0, TRAINING_SAMPLES: 0}
-        )
+        summary = ReplaySummary(horizon, records={steps_topic: 0, episodes_topic: 0},
+                                rows={STEPS: 0, EPISODES: 0, TRAINING_SAMPLES: 0})  # fmt: skip
+        starts = log_starts(consumer, horizon)
+        sources = {STEPS: (steps_topic, step_ids), EPISODES: (episodes_topic, episode_ids),
+                   TRAINING_SAMPLES: (episodes_topic, sample_ids)}  # fmt: skip
+        for table, (topic, ids) in sources.items():
+            summary.carried[table] = carry_past_retention(settings, table, topic, starts, ids, batch_size)
+            summary.rows[table] += summary.carried[table]
         buffers: dict[str, list] = {steps_topic: [], episodes_topic: []}
 
         def flush(topic: str) -> None:
@@ -165,6 +184,24 @@ def replay(
         consumer.close()
     summary.wall_s = time.monotonic() - started
     return summary
+
+
+def carry_past_retention(settings: Settings, table: str, topic: str, starts: Horizon, ids: RecentIds,
+                         batch_size: int = BATCH_MAX) -> int:  # fmt: skip
+    """Copy the live `table`'s rows of `topic`'s offsets below each partition's log start into the rebuilt one (its
+    sink in `ids`), offset by offset as the live sink wrote them; the rows carried."""
+    live = scan_table(settings.tables_dir, table)
+    carried = 0
+    for (source, partition), start in sorted(starts.items()):
+        if source != topic or start == 0 or live is None:
+            continue
+        rows = (live.filter((pl.col("kafka_partition") == partition) & (pl.col("kafka_offset") < start))
+                .sort("kafka_offset").collect())  # fmt: skip
+        records = [Record(topic, partition, offset, group.to_dicts())
+                   for (offset,), group in rows.group_by("kafka_offset", maintain_order=True)]  # fmt: skip
+        for first in range(0, len(records), batch_size):
+            carried += _write(ids, records[first : first + batch_size])
+    return carried
 
 
 def _write(ids: RecentIds, records: list) -> int:

@@ -18,7 +18,8 @@ def replay_and_compare(settings: Settings, out: Path, worker: WorkerConfig, comp
     from processors.replay import replay
 
     summary = replay(settings, out, worker)
-    print(f"replayed {summary.records} records in {summary.wall_s:.1f} s into {out}: rows {summary.rows}")
+    print(f"replayed {summary.records} records in {summary.wall_s:.1f} s into {out}: rows {summary.rows}, of them "
+          f"carried from the live tables past the log's retention {summary.carried}")  # fmt: skip
     if not compare:
         return True
     diffs = compare_tables(settings.tables_dir, out, summary.horizon_by_table(settings))
