@@ -27,9 +27,13 @@ class Topics:
         return [self.steps, self.episodes, self.model_versions, self.dead_letters, self.rollout_decisions]
 
 
+SEGMENT_MS = 3_600_000  # Kafka deletes whole closed segments: rolled hourly, the log outlives retention by 1 h at most
+
+
 def topics_for(settings: Settings) -> Topics:
     prefix = settings.topic_prefix
-    retention = {"retention.ms": str(settings.topic_retention_ms), "max.message.bytes": str(MAX_REQUEST_BYTES)}
+    retention = {"retention.ms": str(settings.topic_retention_ms), "segment.ms": str(SEGMENT_MS),
+                 "max.message.bytes": str(MAX_REQUEST_BYTES)}  # fmt: skip
     return Topics(
         steps=TopicSpec(f"{prefix}.steps", settings.topic_partitions, retention),
         episodes=TopicSpec(f"{prefix}.episodes", settings.topic_partitions, retention),
@@ -37,5 +41,5 @@ def topics_for(settings: Settings) -> Topics:
         dead_letters=TopicSpec(
             f"{prefix}.dead_letters", 1, retention | {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
         ),  # fmt: skip
-        rollout_decisions=TopicSpec(f"{prefix}.rollout_decisions", 1, {}),
+        rollout_decisions=TopicSpec(f"{prefix}.rollout_decisions", 1, {"retention.ms": "-1"}),  # the canary's record
     )
