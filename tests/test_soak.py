@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
 
+import pytest
+
+from core.processes import wait_until
+from core.settings import settings_env
 from flywheel.soak.report import process_figures, slope_per_h, soak_report, window_floors
+from flywheel.soak.run import read_samples
 from flywheel.soak.sample import CLOCK_TICKS, PAGE_MIB, dir_bytes, file_count, parse_stat, process_stats, tree_stats
+from tests.conftest import isolated_broker_settings
+
+LEAK_MIB = 40.0
 
 
 def test_a_stat_line_is_read_past_a_command_name_with_spaces_and_parentheses():
@@ -84,3 +96,43 @@ def test_window_floors_and_the_slope_of_a_line():
     mids, floors = window_floors([0, 100, 200, 300, 400, 650], [5, 3, 4, 9, 8, 1], window_s=300)
     assert mids == [150, 450, 750] and floors == [3, 8, 1]
     assert abs(slope_per_h([0, 1800, 3600], [10, 15, 20]) - 10) < 1e-9 and slope_per_h([0, 1], [1, 2]) is None
+
+
+@pytest.mark.kafka
+@pytest.mark.browser
+def test_minutes_of_the_stack_grow_no_memory_or_descriptors_and_a_stopped_soak_continues(tmp_path):
+    """The soak for about 3 minutes, stopped by SIGTERM after 45 s and continued by the same command on its DIR:
+    nothing lost or duplicated across the stop, and after the warm-up no process's memory floor rises by more than
+    LEAK_MIB in the last 70 s nor its descriptors for good: a leak of 40 MiB a minute is caught here (the worker grew
+    14 MiB in that time when this was written), a slower one only by the soak's hours; a process's first minutes
+    of caches and imports are not held against it. The learner polls the tables and never trains here: what its
+    training and the versions do to memory over hours is the soak's to measure."""
+    settings = isolated_broker_settings(tmp_path / "home", "soak")
+    out = tmp_path / "soak"
+    flags = ["--hours", "0.05", "--sample-s", "5", "--fit-after-s", "110", "--clients", "1", "--no-prometheus",
+             "--tasks", "click-test,click-button,click-checkboxes", "--maintenance-interval-s", "30",
+             "--min-demos", "1000000", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, **settings_env(settings)}
+    command = [sys.executable, "-m", "flywheel.cli", "soak", *flags]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until(lambda: read_samples(out) and read_samples(out)[-1]["t_s"] >= 45, 240, what="45 s of the soak")
+    first.send_signal(signal.SIGTERM)
+    said = first.communicate(timeout=120)[0]
+    assert first.returncode == 0 and "continues" in said, said[-3000:]
+    stopped_at = read_samples(out)[-1]["t_s"]
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    report = json.loads((out / "soak.json").read_text())
+    samples = read_samples(out)
+    assert json.loads((out / "soak-state.json").read_text())["parts"] == 2
+    assert samples[-1]["t_s"] >= 170 and any(s["t_s"] > stopped_at for s in samples)
+    assert report["books"]["ok"], report["books"]
+    assert report["books"]["steps"]["owed"] > 50 and report["books"]["spools"]["unsent"] == 0
+
+    figures = process_figures(samples, 110, window_s=20)
+    assert {"worker0", "learner", "client0", "client0-browser", "kafka1", "soak"} <= set(figures)
+    grown = {n: f["rss_floor_last_mib"] - f["rss_floor_first_mib"] for n, f in figures.items()}
+    assert all(g <= LEAK_MIB for g in grown.values()), grown
+    assert all(f["fds_flat"] for f in figures.values()), figures
+    assert max(s["tables"].get("steps", {}).get("live_files", 0) for s in samples) <= 200  # compacted as it goes

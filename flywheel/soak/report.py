@@ -32,7 +32,7 @@ def window_floors(times_s: list[float], values: list[float], window_s: float = W
     return [times_s[0] + (k + 0.5) * window_s for k in floors], list(floors.values())
 
 
-def process_figures(samples: list[dict], warmup_s: float) -> dict[str, dict]:
+def process_figures(samples: list[dict], warmup_s: float, window_s: float = WINDOW_S) -> dict[str, dict]:
     """Per process, after the warm-up: the RSS floor's slope (MiB/h), its first and last floor, the descriptors'
     range and whether they end no higher than they started (the last window's least at most the first's most)."""
     names = sorted({n for s in samples for n, v in s["processes"].items() if v})
@@ -42,10 +42,10 @@ def process_figures(samples: list[dict], warmup_s: float) -> dict[str, dict]:
         if not rows:
             continue
         times = [t for t, _ in rows]
-        mids, floors = window_floors(times, [p["rss_mib"] for _, p in rows])
+        mids, floors = window_floors(times, [p["rss_mib"] for _, p in rows], window_s)
         fds = [p["fds"] for _, p in rows]
-        first_fds = [f for t, f in zip(times, fds, strict=True) if t < times[0] + WINDOW_S]
-        last_fds = [f for t, f in zip(times, fds, strict=True) if t > times[-1] - WINDOW_S]
+        first_fds = [f for t, f in zip(times, fds, strict=True) if t < times[0] + window_s]
+        last_fds = [f for t, f in zip(times, fds, strict=True) if t > times[-1] - window_s]
         slope = slope_per_h(mids, floors)
         figures[name] = {"rss_slope_mib_per_h": None if slope is None else round(slope, 2),
                          "rss_floor_first_mib": round(floors[0], 1), "rss_floor_last_mib": round(floors[-1], 1),
