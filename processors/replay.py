@@ -23,6 +23,7 @@ of what the log says happened.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -189,18 +190,21 @@ def replay(
 def carry_past_retention(settings: Settings, table: str, topic: str, starts: Horizon, ids: RecentIds,
                          batch_size: int = BATCH_MAX) -> int:  # fmt: skip
     """Copy the live `table`'s rows of `topic`'s offsets below each partition's log start into the rebuilt one (its
-    sink in `ids`), offset by offset as the live sink wrote them; the rows carried."""
+    sink in `ids`), `batch_size` offsets at a time as the live sink wrote them (days of screenshots never in memory
+    at once); the rows carried."""
     live = scan_table(settings.tables_dir, table)
     carried = 0
     for (source, partition), start in sorted(starts.items()):
         if source != topic or start == 0 or live is None:
             continue
-        rows = (live.filter((pl.col("kafka_partition") == partition) & (pl.col("kafka_offset") < start))
-                .sort("kafka_offset").collect())  # fmt: skip
-        records = [Record(topic, partition, offset, group.to_dicts())
-                   for (offset,), group in rows.group_by("kafka_offset", maintain_order=True)]  # fmt: skip
-        for first in range(0, len(records), batch_size):
-            carried += _write(ids, records[first : first + batch_size])
+        below = live.filter((pl.col("kafka_partition") == partition) & (pl.col("kafka_offset") < start))
+        offsets = below.select(pl.col("kafka_offset").unique().sort()).collect()["kafka_offset"].to_list()
+        for first in range(0, len(offsets), batch_size):
+            chunk = offsets[first : first + batch_size]
+            rows = below.filter(pl.col("kafka_offset").is_between(chunk[0], chunk[-1])).sort("kafka_offset")
+            records = [Record(topic, partition, offset, list(group)) for offset, group in
+                       itertools.groupby(rows.collect().to_dicts(), key=lambda row: row["kafka_offset"])]  # fmt: skip
+            carried += _write(ids, records)
     return carried
 
 

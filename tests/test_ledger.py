@@ -77,7 +77,10 @@ def test_a_step_a_kill_caught_being_spooled_is_neither_owed_nor_a_stray_and_its_
     log, owed = logged(tmp_path, episodes=2)
     ledger = tmp_path / "c1.ledger"  # killed after announcing its step, before confirming it: spooled or not
     ledger.write_text("spooling s-a c1-ep-0\ns-a c1-ep-0\nspooling s-b c1-ep-0 end\n")
-    assert open_episode(ledger) == "c1-ep-0"  # whether the final step lands or not, the episode must close
+    assert open_episode(ledger) == "c1-ep-0"  # its first step confirmed: whether the final one lands or not, it closes
+    first = tmp_path / "c2.ledger"  # killed announcing a new episode's first step: maybe no step of it exists anywhere
+    first.write_text("s-x c2-ep-0 end\nspooling s-y c2-ep-1\n")
+    assert open_episode(first) is None
     owed, unconfirmed = owed | read_client_ledgers([ledger]), read_unconfirmed([ledger])
     assert "s-a" in owed and unconfirmed == {"s-b": "c1-ep-0"}
     tables = tmp_path / "tables"

@@ -80,6 +80,17 @@ def test_descriptors_that_keep_climbing_and_a_table_of_too_many_files_fail():
     assert not targets["fds_flat"] and not targets["files_per_table<=200"]
 
 
+def test_a_resumed_soak_is_fitted_part_by_part_after_each_parts_warm_up():
+    first, second = samples(1.0, 0.0), samples(1.5, 0.0)
+    for row in second:  # fresh processes, their memory lower at the restart, the time going on
+        row["t_s"] += 3600
+        row["part"] = 2
+        row["processes"]["worker0"]["rss_mib"] -= 150
+    figures = process_figures(first + second, 900)["worker0"]
+    assert len(figures["parts_slopes"]) == 2 and all(abs(s) < 1.0 for s in figures["parts_slopes"])
+    assert figures["samples"] == len([r for r in second if r["t_s"] >= 3600 + 900])  # the longer part stands
+
+
 def test_a_run_too_short_to_fit_leaves_the_memory_target_unjudged():
     assert soak_report(samples(0.2, 50.0), {"ok": True}, 600)["targets"]["rss_slope_mib_per_h<=5"] is None
 
@@ -94,7 +105,8 @@ def test_a_slower_fleet_and_a_slower_read_at_the_end_fail_their_targets():
 
 def test_window_floors_and_the_slope_of_a_line():
     mids, floors = window_floors([0, 100, 200, 300, 400, 650], [5, 3, 4, 9, 8, 1], window_s=300)
-    assert mids == [150, 450, 750] and floors == [3, 8, 1]
+    assert mids == [150, 450] and floors == [3, 8]  # the last window, one sample of three, is dropped
+    assert window_floors([0, 100, 200, 300, 400, 650, 700], [5, 3, 4, 9, 8, 1, 2], window_s=300)[1] == [3, 8, 1]
     assert abs(slope_per_h([0, 1800, 3600], [10, 15, 20]) - 10) < 1e-9 and slope_per_h([0, 1], [1, 2]) is None
 
 

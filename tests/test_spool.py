@@ -307,7 +307,7 @@ def test_an_edge_client_asked_to_stop_ends_its_episode_and_drains_its_spool(stac
         ["edge", "--client-id", "stopped-c0", "--tasks", "click-checkboxes,enter-text", "--episodes", "100000",
          "--summary", str(summary_path), "--ledger-path", str(ledger_path)],
     )  # fmt: skip
-    wait_until(lambda: ledger_path.exists() and len(ledger_path.read_text().splitlines()) > 20, 120,
+    wait_until(lambda: ledger_path.exists() and len(read_client_ledgers([ledger_path])) > 20, 120,
                what="the client acting")  # fmt: skip
     assert client.stop(timeout=60, leader_only=True) == 0, client.tail()
     summary = json.loads(summary_path.read_text())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -65,14 +65,12 @@ def _ledger_lines(paths: Iterable[Path]) -> tuple[dict[str, str], dict[str, str]
 
 
 def open_episode(path: Path) -> str | None:
-    """The episode a client's ledger shows it in the middle of (its last line a step other than a final one, or any
-    step still being spooled: whether it lands or not, its episode must close), or None (between episodes, or no
-    ledger yet)."""
+    """The episode a client's ledger shows it in the middle of (its last confirmed step not a final one), or None
+    (between episodes, or no ledger yet). A step announced but not confirmed does not open an episode: killed before
+    its spool took it, the episode would have no step anywhere, and no worker could ever close it."""
     lines = path.read_text().splitlines() if path.exists() else []
-    parts = lines[-1].split() if lines else []
-    if parts[:1] == ["spooling"] and len(parts) >= 3:
-        return parts[2]
-    return parts[1] if len(parts) == 2 else None
+    confirmed = [line.split() for line in lines if not line.startswith("spooling ")]
+    return confirmed[-1][1] if confirmed and len(confirmed[-1]) == 2 else None
 
 
 def closed_episodes(tables_dir: Location, episode_ids: set[str]) -> int:
@@ -85,22 +83,21 @@ def closed_episodes(tables_dir: Location, episode_ids: set[str]) -> int:
     )
 
 
-def drain(
-    tables_dir: Location,
-    ledgers: list[Path],
-    landed: Callable[[], int],
-    abandon_after_s: float,
-    timeout_s: float = 600.0,
-) -> None:
-    """Wait until every step the clients' `ledgers` owe is in Delta (`landed` counts the clients' steps there) and
-    every episode of them is closed, the last ones abandoned by the workers' idle check (`abandon_after_s` past their
+def drain(tables_dir: Location, ledgers: list[Path], abandon_after_s: float, timeout_s: float = 600.0) -> None:
+    """Wait until every step the clients' `ledgers` owe is in Delta and every episode of them (and of the announced
+    steps that landed) is closed, the last ones abandoned by the workers' idle check (`abandon_after_s` past their
     last step), or the timeout: the ledger check then says what is missing or open."""
-    owed = read_client_ledgers(ledgers)
-    episodes = set(owed.values())
+    owed, unconfirmed = read_client_ledgers(ledgers), read_unconfirmed(ledgers)
+
+    def episodes() -> set[str]:
+        landed = set(_counts(tables_dir, STEPS, "event_id")) if unconfirmed else set()
+        return set(owed.values()) | {episode for e, episode in unconfirmed.items() if e in landed}
+
     try:
-        wait_until(lambda: landed() >= len(owed), timeout_s, interval=5, what=f"{len(owed)} owed steps in Delta")
-        wait_until(lambda: closed_episodes(tables_dir, episodes) >= len(episodes), abandon_after_s + 120,
-                   interval=5, what=f"{len(episodes)} episodes closed")  # fmt: skip
+        wait_until(lambda: check_steps(tables_dir, owed)["missing"] == 0, timeout_s, interval=5,
+                   what=f"{len(owed)} owed steps in Delta")  # fmt: skip
+        wait_until(lambda: closed_episodes(tables_dir, wanted := episodes()) >= len(wanted), abandon_after_s + 120,
+                   interval=5, what="the owed episodes closed")  # fmt: skip
     except TimeoutError as error:
         say(f"ledger: {error}")
 

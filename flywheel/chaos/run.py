@@ -187,7 +187,7 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
         try:
             start_fleet(run)
             drive(run, schedule)
-            drain(run.settings.tables_dir, run.ledgers(), run.landed, run.config.run.worker.abandon_after_s)
+            drain(run.settings.tables_dir, run.ledgers(), run.config.run.worker.abandon_after_s)
         finally:
             for client in run.clients + run.killed:
                 client.stop()

@@ -24,35 +24,58 @@ def slope_per_h(times_s: list[float], values: list[float]) -> float | None:
 
 
 def window_floors(times_s: list[float], values: list[float], window_s: float = WINDOW_S) -> tuple[list, list]:
-    """(window mid-times, each window's minimum) of a series, windows of `window_s` from its first sample."""
+    """(window mid-times, each window's minimum) of a series, windows of `window_s` from its first sample. A last
+    window with under half the samples of the fullest is dropped: the least of one or two samples sits high, and
+    at the end of a fit it would weigh most."""
     floors: dict[int, float] = {}
+    counts: dict[int, int] = {}
     for t, v in zip(times_s, values, strict=True):
         k = int((t - times_s[0]) // window_s)
         floors[k] = min(v, floors.get(k, v))
+        counts[k] = counts.get(k, 0) + 1
+    last = max(counts)
+    if len(counts) > 1 and 2 * counts[last] < max(counts.values()):
+        del floors[last]
     return [times_s[0] + (k + 0.5) * window_s for k in floors], list(floors.values())
 
 
 def process_figures(samples: list[dict], warmup_s: float, window_s: float = WINDOW_S) -> dict[str, dict]:
     """Per process, after the warm-up: the RSS floor's slope (MiB/h), its first and last floor, the descriptors'
-    range and whether they end no higher than they started (the last window's least at most the first's most)."""
+    range and whether they end no higher than they started (the last window's least at most the first's most).
+    A resumed soak's parts start fresh processes: each part is fitted after its own warm-up, and the longest part's
+    figures stand for the process (`parts_slopes` has every part's slope)."""
     names = sorted({n for s in samples for n, v in s["processes"].items() if v})
     figures = {}
     for name in names:
-        rows = [(s["t_s"], s["processes"][name]) for s in samples if s["t_s"] >= warmup_s and s["processes"].get(name)]
-        if not rows:
-            continue
-        times = [t for t, _ in rows]
-        mids, floors = window_floors(times, [p["rss_mib"] for _, p in rows], window_s)
-        fds = [p["fds"] for _, p in rows]
-        first_fds = [f for t, f in zip(times, fds, strict=True) if t < times[0] + window_s]
-        last_fds = [f for t, f in zip(times, fds, strict=True) if t > times[-1] - window_s]
-        slope = slope_per_h(mids, floors)
-        figures[name] = {"rss_slope_mib_per_h": None if slope is None else round(slope, 2),
-                         "rss_floor_first_mib": round(floors[0], 1), "rss_floor_last_mib": round(floors[-1], 1),
-                         "rss_max_mib": round(max(p["rss_mib"] for _, p in rows), 1),
-                         "fds_min": min(fds), "fds_max": max(fds), "fds_flat": min(last_fds) <= max(first_fds),
-                         "threads_max": max(p["threads"] for _, p in rows)}  # fmt: skip
+        by_part: dict[int, list] = {}
+        for s in samples:
+            if s["processes"].get(name):
+                by_part.setdefault(s.get("part", 1), []).append((s["t_s"], s["processes"][name]))
+        fitted = {part: part_figures(rows, warmup_s, window_s) for part, rows in sorted(by_part.items())}
+        fitted = {part: f for part, f in fitted.items() if f is not None}
+        if fitted:
+            longest = max(fitted.values(), key=lambda f: f["samples"])
+            figures[name] = longest | {"parts_slopes": [f["rss_slope_mib_per_h"] for f in fitted.values()]}
     return figures
+
+
+def part_figures(rows: list[tuple[float, dict]], warmup_s: float, window_s: float) -> dict | None:
+    """One process over one part: its samples `warmup_s` after the part's first (the first part starts at 0)."""
+    start = 0.0 if rows[0][0] <= warmup_s else rows[0][0]
+    rows = [(t, p) for t, p in rows if t >= start + warmup_s]
+    if not rows:
+        return None
+    times = [t for t, _ in rows]
+    mids, floors = window_floors(times, [p["rss_mib"] for _, p in rows], window_s)
+    fds = [p["fds"] for _, p in rows]
+    first_fds = [f for t, f in zip(times, fds, strict=True) if t < times[0] + window_s]
+    last_fds = [f for t, f in zip(times, fds, strict=True) if t > times[-1] - window_s]
+    slope = slope_per_h(mids, floors)
+    return {"rss_slope_mib_per_h": None if slope is None else round(slope, 2), "samples": len(rows),
+            "rss_floor_first_mib": round(floors[0], 1), "rss_floor_last_mib": round(floors[-1], 1),
+            "rss_max_mib": round(max(p["rss_mib"] for _, p in rows), 1),
+            "fds_min": min(fds), "fds_max": max(fds), "fds_flat": min(last_fds) <= max(first_fds),
+            "threads_max": max(p["threads"] for _, p in rows)}  # fmt: skip
 
 
 def at_start_and_end(samples: list[dict], key: str, warmup_s: float) -> tuple[float | None, float | None]:

@@ -16,6 +16,7 @@ DIR/soak-state.json says how much of the run is done.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
@@ -52,6 +53,7 @@ from streams.broker.files import node_dir
 from streams.broker.jars import share_jars
 from streams.broker.nodes import running_pid
 
+log = logging.getLogger(__name__)
 PREFIX = "s-"  # the soak's client ids start with it
 TABLES = (STEPS, EPISODES, TRAINING_SAMPLES)
 
@@ -141,11 +143,11 @@ def run_soak(config: SoakConfig, settings: Settings) -> dict:
             finished = act(config, state, state_path, sampler, left_s)
             for client in clients:  # each finishes its episode and drains its spool
                 client.stop(timeout=config.run.drain_timeout_s, leader_only=True)
+            learner.stop()  # no publish (nor retirement) while the books are read
             if not finished:
                 say(f"soak: stopped after {state.acted_s / 60:.1f} min; the same command on {out} continues")
                 return {"finished": False, "acted_s": state.acted_s}
-            drain(stack.settings.tables_dir, ledgers(config), lambda: step_count(stack.settings.tables_dir, PREFIX),
-                  config.run.worker.abandon_after_s)  # fmt: skip
+            drain(stack.settings.tables_dir, ledgers(config), config.run.worker.abandon_after_s)
             books = check(config, stack)
         finally:
             for child in [*clients, learner]:
@@ -182,7 +184,7 @@ def act(config: SoakConfig, state: SoakState, state_path: Path, sampler: Sampler
             now = time.monotonic()
             state.acted_s += now - last
             last = now
-            samples.write(json.dumps(sampler.sample(state.acted_s)) + "\n")
+            samples.write(json.dumps(sampler.sample(state.acted_s) | {"part": state.parts}) + "\n")
             samples.flush()
             state.save(state_path)
             sampler.require_alive()
@@ -258,14 +260,14 @@ class Sampler:
 
     def sample(self, acted_s: float) -> dict:
         now = time.monotonic()
-        steps, rate = self.steps_per_s(now)
-        have_tables = table_exists(table_uri(self.settings.tables_dir, EPISODES))
+        steps, rate = tried(lambda: self.steps_per_s(now), (None, None))
+        have_tables = tried(lambda: table_exists(table_uri(self.settings.tables_dir, EPISODES)), False)
         return {
             "t_s": round(acted_s, 1), "wall": round(time.time(), 1),
             "processes": {name: asdict(s) if s else None for name, s in self.processes().items()},
-            "tables": self.tables(), "disk": self.disk(), "lag": self.consumer_lag(),
-            "learner_read_s": self.learner_read_s() if have_tables else None, "steps": steps, "steps_per_s": rate,
-            "versions": len(self.learner_versions()),
+            "tables": tried(self.tables, {}), "disk": self.disk(), "lag": tried(self.consumer_lag, {}),
+            "learner_read_s": tried(self.learner_read_s, None) if have_tables else None, "steps": steps,
+            "steps_per_s": rate, "versions": len(tried(self.learner_versions, [])),
         }  # fmt: skip
 
     def learner_versions(self) -> list[dict]:
@@ -279,6 +281,16 @@ class Sampler:
 
     def close(self) -> None:
         self.lag.stop()
+
+
+def tried(read, missing):
+    """`read()`, or `missing` when it fails (a table mid-commit, a broker's hiccup): one series' gap in a sample,
+    never the end of an hours-long run."""
+    try:
+        return read()
+    except Exception as error:  # noqa: BLE001 - whatever one reader raises, the others still sample
+        log.warning("soak: a sample's read failed: %r", error)
+        return missing
 
 
 def check(config: SoakConfig, stack: LocalStack) -> dict:

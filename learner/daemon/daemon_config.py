@@ -73,3 +73,7 @@ class DaemonConfig:
     """Stop after publishing this many versions (0: run until stopped)."""
     stop_after_s: float = 0.0
     """Stop after this many seconds (0: run until stopped)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_versions < 0:
+            raise ValueError(f"keep_versions must be 0 (keep all) or more, not {self.keep_versions}")

@@ -295,12 +295,21 @@ def run_daemon(settings: Settings, config: DaemonConfig) -> DaemonState:
                                "diagnostics": result.diagnostics})  # fmt: skip
         state.save(state_path)
         if config.keep_versions:
-            retire_versions(settings, state.version, config.keep_versions)
-            starts = {Path(state.sft_checkpoint).parent.name, Path(state.checkpoint).parent.name, state.online_dir}
-            prune_runs(state_path.parent, starts)
+            keep_tidy(settings, state, config.keep_versions, state_path.parent)
         published_now += 1
         log.warning("published %s (%s) after %.0f s of training", event.version, stage, event.produced_at - started_at)
     return state
+
+
+def keep_tidy(settings: Settings, state: DaemonState, keep_versions: int, work: Path) -> None:
+    """Retention after a publish (learner.daemon.retention): housekeeping, so a failure is logged, never fatal. The
+    SFT versions stay live: the RL stages' reference, the twin's start and the run's first evaluation read them."""
+    sft = {v["model_version"] for v in state.versions if v["stage"] == "sft"}
+    try:
+        retire_versions(settings, {state.version} | sft, keep_versions)
+        prune_runs(work, {Path(state.sft_checkpoint).parent.name, Path(state.checkpoint).parent.name, state.online_dir})
+    except Exception:  # noqa: BLE001 - a broker or store hiccup must not stop the daemon; the next publish retries
+        log.exception("retention after %s failed", state.version)
 
 
 def _has_tables(tables_dir: Location) -> bool:

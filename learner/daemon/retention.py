@@ -6,6 +6,7 @@ version trained on stays pinned against vacuum for good.
 Still needed, whatever its age:
     a channel's head         what the fleet is told to run (stable, and the canary while one is out)
     the daemon's newest      the version the next one descends from
+    its SFT versions         the RL stages' reference, the twin's start, the first version a run evaluates
     a version in use         one a client produced an episode with in the last IN_USE_S (a client swaps only at an
                              episode's end, and one that was offline swaps when it is back)
     a kept version           an operator's hold: a file `<artifacts>/keep/<version>`
@@ -32,10 +33,11 @@ log = logging.getLogger(__name__)
 IN_USE_S = 900.0
 
 
-def retire_versions(settings: Settings, newest: str, keep_versions: int) -> list[str]:
-    """Retire every version of the store but the newest `keep_versions` and those still needed; their ids."""
+def retire_versions(settings: Settings, keep: set[str], keep_versions: int) -> list[str]:
+    """Retire every version of the store but the newest `keep_versions`, `keep` (the daemon's own: its newest, its
+    SFT) and those still needed; their ids."""
     manifests = read_manifests(settings.artifacts_dir, skip_unreadable=False)  # never act on a partial view
-    needed = {newest} | heads(settings) | in_use(settings) | held(settings)
+    needed = keep | heads(settings) | in_use(settings) | held(settings)
     retiring = versions_to_retire(manifests, keep_versions, needed)
     gone = {m["version"] for m in retiring}
     named_by_live = {m.get("sha256") for m in manifests if m["version"] not in gone}
