@@ -28,6 +28,7 @@ import polars as pl
 from core.console import say
 from core.object_store import Location
 from core.processes import wait_until
+from core.settings import Settings
 from edge_client.spool import Spool
 from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS, open_table, scan, table_exists, table_uri
@@ -42,16 +43,17 @@ def read_client_ledgers(paths: Iterable[Path]) -> dict[str, str]:
     """event_id -> episode_id of every step the clients spooled (lines 'event_id episode_id', ' end' after an
     episode's final step: edge_client.runner; a line cut mid-write is not a step the client finished recording, so
     it is skipped)."""
-    return _ledger_lines(paths)[0]
+    return read_ledgers(paths)[0]
 
 
 def read_unconfirmed(paths: Iterable[Path]) -> dict[str, str]:
     """event_id -> episode_id of the steps a client announced ('spooling event_id episode_id') but was killed before
     confirming: whether the spool took each is unknown, so each may land or not."""
-    return _ledger_lines(paths)[1]
+    return read_ledgers(paths)[1]
 
 
-def _ledger_lines(paths: Iterable[Path]) -> tuple[dict[str, str], dict[str, str]]:
+def read_ledgers(paths: Iterable[Path]) -> tuple[dict[str, str], dict[str, str]]:
+    """(read_client_ledgers, read_unconfirmed) of `paths`, read once."""
     owed: dict[str, str] = {}
     announced: dict[str, str] = {}
     for path in paths:
@@ -87,17 +89,12 @@ def drain(tables_dir: Location, ledgers: list[Path], abandon_after_s: float, tim
     """Wait until every step the clients' `ledgers` owe is in Delta and every episode of them (and of the announced
     steps that landed) is closed, the last ones abandoned by the workers' idle check (`abandon_after_s` past their
     last step), or the timeout: the ledger check then says what is missing or open."""
-    owed, unconfirmed = read_client_ledgers(ledgers), read_unconfirmed(ledgers)
-
-    def episodes() -> set[str]:
-        landed = set(_counts(tables_dir, STEPS, "event_id")) if unconfirmed else set()
-        return set(owed.values()) | {episode for e, episode in unconfirmed.items() if e in landed}
-
+    owed, unconfirmed = read_ledgers(ledgers)
     try:
         wait_until(lambda: check_steps(tables_dir, owed)["missing"] == 0, timeout_s, interval=5,
                    what=f"{len(owed)} owed steps in Delta")  # fmt: skip
-        wait_until(lambda: closed_episodes(tables_dir, wanted := episodes()) >= len(wanted), abandon_after_s + 120,
-                   interval=5, what="the owed episodes closed")  # fmt: skip
+        wait_until(lambda: closed_episodes(tables_dir, wanted := owed_episodes(tables_dir, owed, unconfirmed))
+                   >= len(wanted), abandon_after_s + 120, interval=5, what="the owed episodes closed")  # fmt: skip
     except TimeoutError as error:
         say(f"ledger: {error}")
 
@@ -118,14 +115,30 @@ def check_steps(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[st
 def check_episodes(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[str, str] | None = None) -> dict:
     """Every episode of the owed steps, and of the unconfirmed ones that landed, closed once; `missing` ones are still
     open, `ended` counts how they closed."""
-    landed = set(_counts(tables_dir, STEPS, "event_id")) if unconfirmed else set()
-    episodes = set(owed.values()) | {episode for e, episode in (unconfirmed or {}).items() if e in landed}
+    episodes = owed_episodes(tables_dir, owed, unconfirmed or {})
     found = _counts(tables_dir, EPISODES, "episode_id")
     missing = sorted(episodes - set(found))
     duplicated = sorted(e for e, n in found.items() if n > 1)
     examples = {"missing": missing[:5], "duplicated": duplicated[:5]}
     return {"owed": len(episodes), "in_table": sum(found.values()), "missing": len(missing),
             "duplicated": len(duplicated), "ended": _endings(tables_dir, episodes), "examples": examples}  # fmt: skip
+
+
+def owed_episodes(tables_dir: Location, owed: dict[str, str], unconfirmed: dict[str, str]) -> set[str]:
+    """The episodes that must close: those of the owed steps, and of the announced steps that landed."""
+    landed = set(_counts(tables_dir, STEPS, "event_id")) if unconfirmed else set()
+    return set(owed.values()) | {episode for e, episode in unconfirmed.items() if e in landed}
+
+
+def check_books(settings: Settings, ledgers: list[Path], letters: Iterable[bytes], injected: Iterable[bytes]) -> dict:
+    """The books of a run whose clients wrote `ledgers`, whose dead-letter topic holds `letters`, and into whose
+    steps topic `injected` bad events went."""
+    owed, unconfirmed = read_ledgers(ledgers)
+    versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
+    return {"steps": check_steps(settings.tables_dir, owed, unconfirmed),
+            "episodes": check_episodes(settings.tables_dir, owed, unconfirmed),
+            "spools": check_spools(settings.home / "spool"), "dead_letters": check_dead_letters(letters, injected),
+            "versions": versions}  # fmt: skip
 
 
 def check_spools(spools_dir: Path) -> dict:

@@ -27,18 +27,13 @@ from core.processes import Child, browser_pids, child_pids, free_ports
 from core.settings import TIER1_TASKS, Settings
 from flywheel.admin.dlq import read_dead_letters
 from flywheel.chaos.ledger import (
-    check_dead_letters,
-    check_episodes,
+    check_books,
     check_learner_kills,
-    check_spools,
-    check_steps,
-    check_versions,
     closed_episodes,
     drain,
     ledger_ok,
     open_episode,
     read_client_ledgers,
-    read_unconfirmed,
 )
 from flywheel.chaos.proxy import Proxy
 from flywheel.chaos.report import fleet_idle, plot_timeline
@@ -454,13 +449,8 @@ STRIKES: dict[str, Callable[[ChaosRun, Record], Callable[[], bool]]] = {
 
 def check(run: ChaosRun) -> dict:
     settings = run.settings
-    owed, unconfirmed = read_client_ledgers(run.ledgers()), read_unconfirmed(run.ledgers())
     letters = [letter.value for letter in read_dead_letters(settings)]
-    versions = check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted")
-    ledger = {"steps": check_steps(settings.tables_dir, owed, unconfirmed),
-              "episodes": check_episodes(settings.tables_dir, owed, unconfirmed),
-              "spools": check_spools(settings.home / "spool"),
-              "dead_letters": check_dead_letters(letters, run.injected), "versions": versions}  # fmt: skip
+    ledger = check_books(settings, run.ledgers(), letters, run.injected)
     kills = [r.at_s for r in run.records if r.fault == "kill_learner"]
     published = _published_at(run)
     learner_kills = check_learner_kills(run.learner_kills, run.learner_state()["versions"])

@@ -29,15 +29,9 @@ from core.settings import Settings
 from flywheel.admin.dlq import read_dead_letters
 from flywheel.admin.observe import demo_observability
 from flywheel.chaos.ledger import (
-    check_dead_letters,
-    check_episodes,
-    check_spools,
-    check_steps,
-    check_versions,
+    check_books,
     drain,
     ledger_ok,
-    read_client_ledgers,
-    read_unconfirmed,
 )
 from flywheel.run.config import DemoConfig, fleet_client, learner_args, worker_args
 from flywheel.run.fleet import edge_args
@@ -294,16 +288,9 @@ def tried(read, missing):
 
 
 def check(config: SoakConfig, stack: LocalStack) -> dict:
-    settings = stack.settings
-    owed, unconfirmed = read_client_ledgers(ledgers(config)), read_unconfirmed(ledgers(config))
-    books = {
-        "steps": check_steps(settings.tables_dir, owed, unconfirmed),
-        "episodes": check_episodes(settings.tables_dir, owed, unconfirmed),
-        "spools": check_spools(settings.home / "spool"),
-        "dead_letters": check_dead_letters([d.value for d in read_dead_letters(settings)], injected=[]),
-        "versions": check_versions(settings.artifacts_dir, settings.tables_dir, settings.keys_dir / "trusted"),
-    }
-    return books | {"ok": ledger_ok(books)}  # fmt: skip
+    letters = [letter.value for letter in read_dead_letters(stack.settings)]
+    books = check_books(stack.settings, ledgers(config), letters, injected=[])  # any dead letter is unexplained
+    return books | {"ok": ledger_ok(books)}
 
 
 def read_samples(out: Path) -> list[dict]:
