@@ -41,8 +41,8 @@ class EdgeConfig:
     """MiniWoB++ task ids to cycle through."""
     episodes_per_task: int = 10
     """Episodes run on each task (each `repeats` times)."""
-    policy: Literal["expert", "model"] = "expert"
-    """'expert' (scripted DOM oracles) or 'model' (newest ONNX version from the model-versions topic)."""
+    policy: Literal["expert", "model"] = "model"
+    """'model' (newest ONNX version from the model-versions topic) or 'expert' (scripted DOM oracles)."""
     max_steps: int = 10
     """An episode still running after this many steps ends as a failure (termination 'max_steps')."""
     seed: int = 0

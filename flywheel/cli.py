@@ -219,9 +219,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _demonstrations(p: argparse.ArgumentParser) -> None:
-    from flywheel.run.release import DemonstrationsConfig
+    from flywheel.run.release import NOT_DEMONSTRATION_FLAGS, DemonstrationsConfig
 
-    add_config_arguments(p, DemonstrationsConfig, parse=TASKS)
+    add_config_arguments(p, DemonstrationsConfig, exclude=NOT_DEMONSTRATION_FLAGS,
+                         parse={"fleet.tasks": runnable_tasks},
+                         rename={"fleet.episodes_per_task": "--episodes-per-task"})  # fmt: skip
     p.set_defaults(func=cmd_demonstrations)
 
 

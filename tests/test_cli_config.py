@@ -180,17 +180,18 @@ FLAGS_IN_USE = {
     "chaos": "--minutes --out --seed --faults --strikes --clients --cut-s --warmup-s --recover-s --recover-timeout-s "
     "--tasks --sft-steps",
     "process": "--metrics-port --loglevel --no-restart",
-    "eval": "--model --policy --tasks --episodes --out --seed --threads --keep-ratio --browsers --env-path --baseline",
+    "eval": "--model --policy --tasks --episodes --out --first-seed --threads --keep-ratio-override --browsers "
+    "--env-path --baseline",
     "learner": "--recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes --offline-steps "
     "--guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
     "twin": "--summary --recipe --sft-steps --min-demos --every-episodes --every-minutes --min-new-episodes "
     "--offline-steps --guidance --poll-s --curriculum --retrain-steps --rl-updates-per-retrain --self-imitation-top-k",
     "demonstrations": "--out --tasks --episodes-per-task --clients --seed",
     "sft": "--recipe --steps --batch-size --seed --lora-rank --metrics-port --summary",
-    "bench edge": "--model-dir --out --screens-per-task --repeats --rounds --threads",
-    "bench env": "--out --tasks --episodes-per-task --browsers --paths --policies",
+    "bench edge": "--model-dir --out --screens-per-task --passes --rounds --threads",
+    "bench env": "--out --workload --task-seeds --parallel-browsers --paths --policies",
     "bench pipeline": "--events --rate --client-steps-per-s --out",
-    "bench maintenance": "--steps --commits --out",
+    "bench maintenance": "--rows --commits --out",
     "maintain": "--once --interval --json --min-retention-hours",
     "spool replay": "--client-id --home",
 }
@@ -293,15 +294,15 @@ def test_command_lines_parse_into_their_configs(commands, config_classes):
     assert config_from(args, c["EdgeConfig"]) == c["EdgeConfig"](
         "c0", (*TIER1_TASKS, "enter-text"), 3, "model", summary_path=Path("s.json"), metrics_port=None
     )
-    demo = config_from(parser.parse_args(["demo", "--no-prometheus", "--tasks", "click-test", "--min-demos", "7",
-                                          "--teacher-budget", "0"]), c["DemoConfig"])  # fmt: skip
-    default, no_teacher = c["DemoConfig"](), c["TeacherConfig"]()
+    demo = config_from(parser.parse_args(["demo", "--out", "d", "--no-prometheus", "--tasks", "click-test",
+                                          "--min-demos", "7", "--teacher-budget", "0"]), c["DemoConfig"])  # fmt: skip
+    default, no_teacher = c["DemoConfig"](out=Path("d")), c["TeacherConfig"]()
     assert demo == replace(default, prometheus=False, learner=replace(default.learner, min_demos=7),
                            fleet=replace(default.fleet, tasks=("click-test",), teacher=no_teacher))  # fmt: skip
     edge = parser.parse_args(["edge", "--client-id", "c0", "--teacher-budget", "3", "--no-bootstrap-expert"])
     assert config_from(edge, c["EdgeConfig"]) == c["EdgeConfig"]("c0", teacher=c["TeacherConfig"](teacher_budget=3))
-    bench = config_from(parser.parse_args(["bench", "edge", "--rounds", "1"]), c["EdgeBenchConfig"])
-    assert bench == c["EdgeBenchConfig"](rounds=1)
+    bench = config_from(parser.parse_args(["bench", "edge", "--out", "b", "--rounds", "1"]), c["EdgeBenchConfig"])
+    assert bench == c["EdgeBenchConfig"](out=Path("b"), rounds=1)
     replay = parser.parse_args(["spool", "replay", "--client-id", "c0", "--home", "/srv/c0-home"])
     assert config_from(replay, c["SpoolReplayConfig"]) == c["SpoolReplayConfig"]("c0", Path("/srv/c0-home"))
     # sft: the flags given replace the recipe's values, the rest stay the recipe's.

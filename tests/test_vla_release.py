@@ -90,7 +90,7 @@ def test_eval_runs_the_released_bundle(release, tmp_path):
 def test_bench_edge_reports_every_variant_side_by_side(release, tmp_path):
     root, _, _ = release
     result = flywheel("bench", "edge", "--model-dir", str(root / "release"), "--out", str(tmp_path),
-                      "--screens-per-task", "1", "--repeats", "1", "--rounds", "1")  # fmt: skip
+                      "--screens-per-task", "1", "--passes", "1", "--rounds", "1")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "edge_bench.json").read_text())
     assert set(report["variants"]) == {"torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8"}

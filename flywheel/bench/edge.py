@@ -8,7 +8,7 @@
 
 Screens: the first screen of episodes of the Tier 1 tasks, captured from a real browser which is closed
 before any timing. Each variant runs in its own process (so peak RSS is its own), with the same thread
-count, a warm-up pass, then `repeats` timed passes over every screen. This shared VM's speed drifts by
+count, a warm-up pass, then `passes` timed passes over every screen. This shared VM's speed drifts by
 tens of percent over minutes (torch eager's step measured 46 to 68 ms in runs an hour apart), so the
 variants run in `rounds`, in alternating order, and each figure is the median over the rounds; every
 round's step_ms_p50 is kept too. Results: DIR/edge_bench.json.
@@ -33,24 +33,23 @@ from registry.store import RELEASE_DIR
 
 VARIANTS = ("torch_eager", "torch_eager_pruned", "onnx", "onnx_pruned", "onnx_int8")
 PRUNED = {"torch_eager_pruned", "onnx_pruned", "onnx_int8"}
+SCREEN_SEED = 2_000_000  # episode seed of the first captured screen: far from training and evaluation seeds
 
 
 @dataclass(frozen=True)
 class EdgeBenchConfig:
+    out: Path
+    """edge_bench.json goes here."""
     model_dir: Path = RELEASE_DIR
     """Holds model.vla, model-int8.vla and model.pt (a release directory)."""
-    out: Path = Path("runs/bench")
-    """edge_bench.json goes here."""
     screens_per_task: int = 4
     """Tier 1 screens captured per task."""
-    repeats: int = 2
+    passes: int = 2
     """Timed passes over the screens, per variant and round."""
     rounds: int = 3
     """Every variant once per round, in alternating order; figures are medians over the rounds."""
     threads: int = 1
     """Intra-op threads of every variant."""
-    seed: int = 2_000_000
-    """Episode seeds of the captured screens (far from training seeds)."""
 
 
 def capture_screens(tasks: tuple[str, ...], per_task: int, seed: int) -> tuple[np.ndarray, list[str]]:
@@ -67,7 +66,7 @@ def capture_screens(tasks: tuple[str, ...], per_task: int, seed: int) -> tuple[n
     return np.stack(screens), instructions
 
 
-def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions: list[str], repeats: int,
+def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions: list[str], passes: int,
                 threads: int) -> dict:  # fmt: skip
     """Time one variant in this process; returns its figures (called in a fresh subprocess)."""
     if variant.startswith("torch_eager"):
@@ -98,7 +97,7 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
         step(screen, instruction)
     step_ms, prefill_ms, tokens_per_s, actions = [], [], [], []
     kept = total = 0
-    for _ in range(repeats):
+    for _ in range(passes):
         for screen, instruction in zip(screens, instructions, strict=True):
             t0 = time.perf_counter()
             gen, timing, prefill, decode = step(screen, instruction)
@@ -124,7 +123,7 @@ def run_variant(variant: str, model_dir: Path, screens: np.ndarray, instructions
 
 def run_bench(config: EdgeBenchConfig) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
-    screens, instructions = capture_screens(TIER1_TASKS, config.screens_per_task, config.seed)
+    screens, instructions = capture_screens(TIER1_TASKS, config.screens_per_task, SCREEN_SEED)
     report: dict = {"variants": {}, "screens": len(screens), "tasks": list(TIER1_TASKS),
                     "model_dir": str(config.model_dir)}  # fmt: skip
     runs: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
@@ -135,7 +134,7 @@ def run_bench(config: EdgeBenchConfig) -> dict:
             for variant in VARIANTS if round_ % 2 == 0 else reversed(VARIANTS):
                 out = Path(tmp) / f"{variant}.json"
                 cmd = [sys.executable, "-m", "flywheel.bench.edge", variant, str(config.model_dir), str(data),
-                       str(out), str(config.repeats), str(config.threads)]  # fmt: skip
+                       str(out), str(config.passes), str(config.threads)]  # fmt: skip
                 subprocess.run(cmd, check=True)
                 runs[variant].append(json.loads(out.read_text()))
     for variant, figures in runs.items():
@@ -185,10 +184,10 @@ def format_report(report: dict) -> str:
 
 
 if __name__ == "__main__":  # one variant, in its own process: python -m flywheel.bench.edge VARIANT DIR NPZ OUT R T
-    variant, model_dir, data, out, repeats, threads = sys.argv[1:7]
+    variant, model_dir, data, out, passes, threads = sys.argv[1:7]
     loaded = np.load(data)
     figures = run_variant(variant, Path(model_dir), loaded["screens"], [str(s) for s in loaded["instructions"]],
-                          int(repeats), int(threads))  # fmt: skip
+                          int(passes), int(threads))  # fmt: skip
     Path(out).write_text(json.dumps(figures))
 
 

@@ -39,33 +39,34 @@ from pathlib import Path
 from typing import Any
 
 from core.machine import machine
-from core.settings import TIER1_TASKS, TIER2_TASKS, Settings
+from core.settings import TIER1_TASKS, Settings
 from edge_client.episode import Env, EpisodeResult, StepRecord, run_episode
-from registry.store import RELEASE_DIR
+from registry.store import resolve_model
 
 PATHS = ("stock", "previous", "fast")
 POLICIES = ("expert", "model")
-DEFAULT_TASKS = TIER1_TASKS + TIER2_TASKS[:4]
+# Tier 1 and multi-step tasks that click in order, tick, switch tabs, pick an option and type.
+WORKLOAD = TIER1_TASKS + ("click-button-sequence", "click-checkboxes", "click-tab", "click-option", "enter-text")
+FIRST_SEED = 3_000_000  # of each task's episodes: far from training and evaluation seeds
 
 
 @dataclass(frozen=True)
 class EnvBenchConfig:
-    out: Path = Path("runs/bench-env")
+    out: Path
     """env_bench.json goes here."""
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    """Tasks, the same for every path and policy (Tier 1 and the first Tier 2 tasks by default)."""
-    episodes_per_task: int = 6
-    """Episodes per task, seeds seed..seed+n-1, for every path, policy and browser count."""
-    browsers: int = 2
+    workload: tuple[str, ...] = WORKLOAD
+    """Tasks, the same for every path and policy."""
+    task_seeds: int = 6
+    """Episodes per task, seeds 3,000,000 + i (far from training and evaluation seeds), for every path, policy and
+    browser count."""
+    parallel_browsers: int = 2
     """N of the N-browser runs (1-browser runs always happen)."""
-    model: Path = RELEASE_DIR / "model.vla"
-    """The VLA bundle of the model policy."""
+    model: str = "release"
+    """The model policy's bundle: a .vla path, a published version, 'latest' or 'release'."""
     paths: tuple[str, ...] = PATHS
     """Which of stock, previous, fast."""
     policies: tuple[str, ...] = POLICIES
     """Which of expert, model."""
-    seed: int = 3_000_000
-    """Seed of each task's first episode (far from training and evaluation seeds)."""
     max_steps: int = 10
     """An episode still running after this many steps ends as a failure."""
 
@@ -184,11 +185,11 @@ def spool_publisher(spool: Any, task: str, seed: int, version: str,
     return publish
 
 
-def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spool_dir: Path) -> dict:
+def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, model: Path, spool_dir: Path) -> dict:
     """Every task's seeds through `browsers` browsers; figures of the timed episodes."""
     from edge_client.spool import Spool
 
-    make_policy = policy_factory(policy, config.model)
+    make_policy = policy_factory(policy, model)
     policies = [make_policy() for _ in range(browsers)]
     spools = [Spool(spool_dir / f"{path}-{policy}-{browsers}-{shard}", max_bytes=1 << 40) for shard in range(browsers)]
     profiler = Profiler() if browsers == 1 else None
@@ -199,15 +200,15 @@ def run_path(path: str, policy: str, browsers: int, config: EnvBenchConfig, spoo
     def episodes_of(shard: int, task: str) -> list[EpisodeResult]:
         env, policy_for = envs[shard], policies[shard]
         done = []
-        for i in range(shard, config.episodes_per_task, browsers):
-            seed = config.seed + i
+        for i in range(shard, config.task_seeds, browsers):
+            seed = FIRST_SEED + i
             publish = spool_publisher(spools[shard], task, seed, policy, profiler)
             done.append(run_episode(env, policy_for(task), task, seed, config.max_steps, publish))
         return done
 
     try:
         with profiled_screenshots(profiler) if profiler and path != "fast" else nullcontext():
-            for task in config.tasks:
+            for task in config.workload:
                 envs = prepare_envs(envs, path, task, browsers, profiler, read_dom=policy == "expert")
                 started = time.perf_counter()
                 with ThreadPoolExecutor(browsers) as pool:
@@ -272,18 +273,19 @@ def figures(results: list[EpisodeResult], wall_s: float, profiler: Profiler | No
     return out
 
 
-def run_bench(config: EnvBenchConfig) -> dict:
+def run_bench(config: EnvBenchConfig, artifacts_dir: Path) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"config": {**asdict(config), "out": str(config.out), "model": str(config.model)},
+    model, version = resolve_model(config.model, artifacts_dir)
+    report: dict[str, Any] = {"config": {**asdict(config), "out": str(config.out), "model_version": version},
                               "machine": machine(), "paths": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as spool_dir:
         for path in config.paths:
             for policy in config.policies:
-                one = run_path(path, policy, 1, config, Path(spool_dir))
-                many = run_path(path, policy, config.browsers, config, Path(spool_dir))
-                report["paths"].setdefault(path, {})[policy] = {**one, f"browsers_{config.browsers}": many}
+                one = run_path(path, policy, 1, config, model, Path(spool_dir))
+                many = run_path(path, policy, config.parallel_browsers, config, model, Path(spool_dir))
+                report["paths"].setdefault(path, {})[policy] = {**one, f"browsers_{config.parallel_browsers}": many}
                 print(format_line(path, policy, one, many), flush=True)
-    report["speedups"] = speedups(report["paths"], config.browsers)
+    report["speedups"] = speedups(report["paths"], config.parallel_browsers)
     (config.out / "env_bench.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -312,7 +314,7 @@ def format_line(path: str, policy: str, one: dict, many: dict) -> str:
 
 def command(config: EnvBenchConfig, settings: Settings) -> int:
     """`flywheel bench env`: the speedups, and where the JSON went."""
-    report = run_bench(config)
+    report = run_bench(config, settings.artifacts_dir)
     print("speedups: " + ", ".join(f"{k} {v}x" for k, v in report["speedups"].items()))
     print(f"wrote {config.out / 'env_bench.json'}")
     return 0

@@ -40,17 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from core.machine import machine
-from core.settings import TIER1_TASKS, Settings
-from flywheel.bench.env import Profiler
+from core.settings import Settings
+from flywheel.bench.env import WORKLOAD, Profiler
 from flywheel.gathering.episodes import run_episodes
 
 UPDATES = ("sft", "sft_clicks", "offline_rl", "ppo", "semi_online")
-DEFAULT_TASKS = TIER1_TASKS + ("click-tab", "enter-text", "click-checkboxes")
 
 
 @dataclass(frozen=True)
 class LearnerBenchConfig:
-    out: Path = Path("runs/bench-learner")
+    out: Path
     """learner_bench.json goes here."""
     recipes: str = "demo,release_pointer,release"
     """Comma-separated recipes (learner.recipe.VLARecipe: names in configs/ or paths); 'release-patch' is the
@@ -60,11 +59,11 @@ class LearnerBenchConfig:
     """Comma-separated torch thread counts, each timed."""
     updates: str = ",".join(UPDATES)
     """Comma-separated updates to time (of sft, offline_rl, ppo, semi_online)."""
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    """Tasks of the demonstrations and rollouts."""
-    demos_per_task: int = 8
+    workload: tuple[str, ...] = WORKLOAD
+    """Tasks of the demonstrations and rollouts (the env bench's)."""
+    demos_per_task: int = 20
     """Expert demonstrations per task."""
-    steps: int = 12
+    timed_steps: int = 12
     """Timed optimizer steps of sft and offline_rl (ppo and semi_online: one update or round each)."""
     warmup: int = 3
     """Untimed steps (or one untimed update) before each timed run."""
@@ -106,8 +105,8 @@ def prepare(recipe_name: str, demos, config: LearnerBenchConfig, work: Path) -> 
     sft = train_vla(demos, replace(recipe, train=train), work / "sft")
     bundle = export_bundle(sft.model, sft.tokenizer, sft.pruning, work / "sft.vla")
     policy = VLAPolicy(bundle, "bench-sft", sampling=Sampling(1.0, 5, seed=config.seed))
-    with GuiEnv(config.tasks[0], EnvConfig(read_dom=False)) as env:
-        rollouts, _ = run_episodes(env, lambda _task: policy, config.tasks, range(500_000, 500_002), 4, "bench-sft",
+    with GuiEnv(config.workload[0], EnvConfig(read_dom=False)) as env:
+        rollouts, _ = run_episodes(env, lambda _task: policy, config.workload, range(500_000, 500_002), 4, "bench-sft",
                                    "rollout", 10)  # fmt: skip
     return BenchData(demos, rollouts, sft.checkpoint_path, recipe)
 
@@ -168,13 +167,13 @@ def time_update(update: str, data: BenchData, threads: int, config: LearnerBench
     profiler = Profiler()
     with phases(profiler) if update.startswith("sft") else nullcontext():
         started = time.perf_counter()
-        result, extra = update_runner(update, data, train, out)(config.warmup + config.steps)
+        result, extra = update_runner(update, data, train, out)(config.warmup + config.timed_steps)
         wall = time.perf_counter() - started
     flops = None
     if update != "semi_online":  # its ONNX export cannot run under the counter; its update is a ppo one
         counter = FlopCounterMode(display=False)
         with counter:
-            update_runner(update, data, train, counted)(config.warmup + config.steps)
+            update_runner(update, data, train, counted)(config.warmup + config.timed_steps)
         flops = counter.get_total_flops()
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(counted, ignore_errors=True)
@@ -280,7 +279,7 @@ def run_bench(config: LearnerBenchConfig) -> dict:
     }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        demos = collect_demos(config.tasks, config.demos_per_task, config.seed)
+        demos = collect_demos(config.workload, config.demos_per_task, config.seed)
         report["demos"] = {"episodes": demos["episode_id"].n_unique(), "steps": demos.height}
         for name in [r for r in config.recipes.split(",") if r]:
             data = prepare(name, demos, config, work / name)
@@ -304,7 +303,7 @@ def run_bench(config: LearnerBenchConfig) -> dict:
             entry["recipe_sft_samples_per_s"] = recipe_rate(data.recipe.train.map_only_fraction, entry["updates"])
             variants = [v for v in config.step_variants.split(",") if v]
             if variants:
-                entry["sft_step_variants"] = {str(t): sft_step_variants(data, t, variants, config.steps)
+                entry["sft_step_variants"] = {str(t): sft_step_variants(data, t, variants, config.timed_steps)
                                               for t in threads}  # fmt: skip
             report["recipes"][name] = entry
             (config.out / "learner_bench.json").write_text(json.dumps(report, indent=2))

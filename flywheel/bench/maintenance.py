@@ -1,4 +1,4 @@
-"""`flywheel bench maintenance --steps N --out DIR`: a steps table as the sink leaves it, before and after maintenance.
+"""`flywheel bench maintenance --rows N --out DIR`: a steps table as the sink leaves it, before and after maintenance.
 
 Builds a `steps` table of N steps the way the worker does (DeltaSink appends with their Kafka offsets, `commits`
 commits of N/commits rows each, over `days` date partitions, each step with a random screenshot of
@@ -37,24 +37,24 @@ STEPS_PER_EPISODE = 5
 
 @dataclass(frozen=True)
 class MaintenanceBenchConfig:
-    out: Path = Path("runs/bench-maintenance")
+    out: Path
     """The table (out/data) and maintenance_bench.json go here; an earlier run's table is replaced."""
-    steps: int = 100_000
-    """Steps in the table."""
+    rows: int = 100_000
+    """Steps (rows) in the table."""
     commits: int = 1000
-    """Sink commits that append them (steps / commits rows each)."""
+    """Sink commits that append them (rows / commits each)."""
     days: int = 5
     """Date partitions the steps spread over."""
     screenshot_bytes: int = 2048
     """Size of each step's (random, incompressible) screenshot."""
-    repeats: int = 5
+    tries: int = 5
     """Timings are the median of this many tries."""
 
 
 def build_steps_table(settings: Settings, config: MaintenanceBenchConfig) -> float:
     """Append the steps as the worker's sink does; return the seconds it took."""
     sink, rng = DeltaSink(settings.tables_dir, STEPS), random.Random(0)
-    per_commit, next_offset = config.steps // config.commits, [0] * PARTITIONS
+    per_commit, next_offset = config.rows // config.commits, [0] * PARTITIONS
     started, now = time.perf_counter(), time.time()
     for commit in range(config.commits):
         produced_at = now - 86400 * (config.days - 1 - commit * config.days // config.commits)
@@ -70,9 +70,9 @@ def build_steps_table(settings: Settings, config: MaintenanceBenchConfig) -> flo
     return time.perf_counter() - started
 
 
-def median_s(operation: Callable[[], object], repeats: int) -> float:
+def median_s(operation: Callable[[], object], tries: int) -> float:
     times = []
-    for _ in range(repeats):
+    for _ in range(tries):
         started = time.perf_counter()
         operation()
         times.append(time.perf_counter() - started)
@@ -87,7 +87,7 @@ def rows_at(uri: str, version: int) -> int | None:
         return None
 
 
-def measure(uri: str, probes: dict[str, int], repeats: int) -> dict:
+def measure(uri: str, probes: dict[str, int], tries: int) -> dict:
     stats = table_stats(uri)
     return {
         "version": stats.version,
@@ -95,9 +95,9 @@ def measure(uri: str, probes: dict[str, int], repeats: int) -> dict:
         "data_mb": round(stats.size_bytes / 2**20, 1),
         "log_files": stats.log_files,
         "commits_since_checkpoint": stats.commits_since_checkpoint,
-        "open_ms": 1000 * median_s(lambda: open_table(uri).to_pyarrow_dataset(), repeats),
-        "polars_count_ms": 1000 * median_s(lambda: scan(uri).select(pl.len()).collect(), repeats),
-        "polars_read_ms": 1000 * median_s(lambda: scan(uri).select("episode_id", "step").collect(), repeats),
+        "open_ms": 1000 * median_s(lambda: open_table(uri).to_pyarrow_dataset(), tries),
+        "polars_count_ms": 1000 * median_s(lambda: scan(uri).select(pl.len()).collect(), tries),
+        "polars_read_ms": 1000 * median_s(lambda: scan(uri).select("episode_id", "step").collect(), tries),
         "rows_at": {label: rows_at(uri, version) for label, version in probes.items()},
     }
 
@@ -117,13 +117,13 @@ def run_bench(config: MaintenanceBenchConfig, settings: Settings) -> dict:
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"version": "bench-0001", "produced_at": time.time(), "lineage": {STEPS: model_v}}))
 
-    before = measure(uri, probes, config.repeats)
+    before = measure(uri, probes, config.tries)
     # Files of an unpinned version go at once (no retention), and this run's commits are checkpointed too.
     maintenance = MaintenanceConfig(tables=(STEPS,), min_retention_hours=0, checkpoint_after=1)
     with pinned(settings.pins_dir, {STEPS: learner_v}):
         report = maintain_tables(settings, maintenance)
     print(format_report(report))
-    after = measure(uri, probes, config.repeats)
+    after = measure(uri, probes, config.tries)
     result = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "machine": machine(),

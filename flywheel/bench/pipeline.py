@@ -61,7 +61,7 @@ MODES = ("faust", "bare_consumer")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    out: Path = Path("runs/bench")
+    out: Path
     """Where the report, each mode's tables (out/data) and logs go."""
     events: int = 20_000
     """Steps per phase (backlog drain, offered load) and mode."""

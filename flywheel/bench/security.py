@@ -1,5 +1,5 @@
 """`flywheel bench security`: the wall time of one short demo over PLAINTEXT and over SASL_SSL (TLS, SCRAM, ACLs),
-each in a home of its own with its own broker, alternating `repeats` times (a slow minute of the shared box hits
+each in a home of its own with its own broker, alternating `runs_per_mode` times (a slow minute of the shared box hits
 both); DIR/security_bench.json, medians side by side and their ratio (target: within 1.3x)."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ MODES = ("PLAINTEXT", "SASL_SSL")
 
 @dataclass(frozen=True)
 class SecurityBenchConfig:
-    out: Path = Path("runs/bench-security")
+    out: Path
     """Each run's demo goes to out/<mode>-<k>/, the figures to out/security_bench.json."""
-    repeats: int = 2
+    runs_per_mode: int = 2
     """Runs of each mode, alternating; the figures are medians."""
     demo: str = "--turns 2 --clients 1 --tasks click-test,click-button --episodes-per-task 4 --sft-steps 15"
     """The demo's flags (both modes run the same; --out and --no-prometheus are added)."""
@@ -35,7 +35,7 @@ class SecurityBenchConfig:
 def run_bench(config: SecurityBenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for k in range(config.repeats):
+    for k in range(config.runs_per_mode):
         for mode in MODES:
             runs.append(run := run_demo(config, settings, mode, config.out.resolve() / f"{mode.lower()}-{k}"))
             print(f"{mode}: {run['wall_s']:.1f} s, {run['steps_landed']} steps landed", flush=True)

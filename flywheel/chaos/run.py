@@ -56,10 +56,10 @@ def chaos_run() -> DemoConfig:
     """The continuous run chaos strikes: 30 minutes on six Tier 1 tasks, and a learner that publishes early and often
     (a fresh model of the small demo recipe, its first SFT of 300 steps once 48 demonstrations are in, then a version
     every 2 minutes at most), so that versions keep coming between strikes."""
-    demo = DemoConfig()
+    demo = DemoConfig(out=Path("runs/chaos"))
     learner = replace(demo.learner, recipe="demo", start_from="", sft_steps=300, min_demos=48, every_minutes=2.0)
     fleet = replace(demo.fleet, tasks=TIER1_TASKS[:6], new_tasks=())  # what it measures is the ledger, not learning
-    return replace(demo, minutes=30.0, out=Path("runs/chaos"), fleet=fleet, learner=learner)
+    return replace(demo, minutes=30.0, fleet=fleet, learner=learner)
 
 
 @dataclass

@@ -26,7 +26,7 @@ def explore_fleet() -> EdgeConfig:
 
 @dataclass(frozen=True)
 class ExploreConfig:
-    out: Path = Path("runs/explore")
+    out: Path
     """explore.json goes here."""
     model: str = "release"
     """Model file, version id, 'latest' or 'release'."""

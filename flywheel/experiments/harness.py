@@ -83,7 +83,7 @@ class ArmSettings:
 
 @dataclass(frozen=True)
 class ArmsConfig:
-    out: Path = Path("runs/arms")
+    out: Path
     """Everything of the run; arms.json is its report."""
     arms: tuple[str, ...] = tuple(ARMS)
     """The arms to run, in order (an arm runs after the one it starts from)."""

@@ -22,20 +22,20 @@ class EvalConfig:
 
     out: Path
     """eval.json goes here."""
-    model: str = "latest"
-    """Model file, version id, 'latest' or 'release' (the committed VLA)."""
+    model: str = "release"
+    """Model file, version id, 'latest' (the newest published) or 'release' (the committed VLA)."""
     policy: Literal["model", "expert"] = "model"
     """'model' (the one --model names) or 'expert' (the scripted DOM experts)."""
     tasks: tuple[str, ...] = TIER1_TASKS
     """MiniWoB++ task ids and/or 'tier1', 'tier2', 'suite'."""
     episodes: int = 50
     """Episodes per task."""
-    seed: int = EVAL_SEED
-    """Seed of each task's first episode (training runs use small seeds)."""
+    first_seed: int = EVAL_SEED
+    """Seed of each task's first episode: held-out seeds, far above the training runs' (an edge client's --seed)."""
     threads: int = 1
     """Intra-op threads of the model."""
-    keep_ratio: float | None = None
-    """VLA: visual-token keep ratio (None: the bundle's)."""
+    keep_ratio_override: float | None = None
+    """VLA: a visual-token keep ratio instead of the bundle's own (None: the bundle's)."""
     browsers: int = 1
     """Browsers in parallel (threads, one model session each); the report is the same for any number."""
     env_path: Literal["fast", "previous"] = "fast"
@@ -99,8 +99,8 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
         browser = itertools.count()  # each browser's sampler its own seed, the same in every rerun
 
         def policies():
-            sampling = Sampling(config.temperature, config.top_k, seed=config.seed + next(browser))
-            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio,
+            sampling = Sampling(config.temperature, config.top_k, seed=config.first_seed + next(browser))
+            model = load_policy(path, version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio_override,
                                 sampling=sampling)  # fmt: skip
             return lambda _task: model
 
@@ -108,7 +108,7 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
         if (index + 1) % 10 == 0 or index + 1 == config.episodes:
             print(f"  {task}: {index + 1}/{config.episodes}", file=sys.stderr, flush=True)
 
-    report = evaluate(policies(), config.tasks, config.episodes, seed=config.seed, progress=progress,
+    report = evaluate(policies(), config.tasks, config.episodes, seed=config.first_seed, progress=progress,
                       env_config=EnvConfig(path=config.env_path, read_dom=config.policy == "expert"),
                       browsers=config.browsers, more_policies=policies, samples=config.samples)  # fmt: skip
     report["env_path"] = config.env_path
@@ -120,11 +120,13 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
         base_path, base_version = resolve_model(config.baseline, settings.artifacts_dir)
 
         def baseline_policies():
-            model = load_policy(base_path, base_version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio)
+            model = load_policy(
+                base_path, base_version, intra_op_threads=config.threads, keep_ratio=config.keep_ratio_override
+            )
             return lambda _task: model
 
         say(f"baseline {base_version} on the same seeds")
-        baseline = evaluate(baseline_policies(), config.tasks, config.episodes, seed=config.seed,
+        baseline = evaluate(baseline_policies(), config.tasks, config.episodes, seed=config.first_seed,
                             env_config=EnvConfig(path=config.env_path, read_dom=False), browsers=config.browsers,
                             more_policies=baseline_policies)  # fmt: skip
         report["baseline"] = {"model_version": base_version, **baseline}
@@ -132,7 +134,7 @@ def run_eval(config: EvalConfig, settings: Settings) -> dict:
     if config.sop:
         if config.policy != "model":
             raise SystemExit("--sop measures a model against the experts: it needs --policy model")
-        sop = evaluate_sop(path, config.tasks, config.episodes, config.seed, config.keep_ratio)
+        sop = evaluate_sop(path, config.tasks, config.episodes, config.first_seed, config.keep_ratio_override)
         for task, entry in report["tasks"].items():
             entry.update({k: v for k, v in sop["tasks"].get(task, {}).items()})
         report["sop_progress"], report["sop_success"] = sop["sop_progress"], sop["sop_success"]

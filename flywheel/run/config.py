@@ -70,12 +70,12 @@ def demo_learner() -> DaemonConfig:
 
 @dataclass
 class DemoConfig:
+    out: Path
+    """Where report.json and the logs go."""
     turns: int = 2
     """Turns to run."""
     clients: int = 2
     """Edge clients (one browser each) per turn."""
-    out: Path = Path("runs/demo")
-    """Where report.json and the logs go."""
     finetune_steps: int = 300
     """Turns: SFT steps of each later model (warm-started from the previous one; the first has sft_steps)."""
     drain_timeout_s: float = 300.0

@@ -27,10 +27,10 @@ from flywheel.gathering.evaluation import EVAL_SEED, evaluate_bundle
 
 @dataclass(frozen=True)
 class DiagnoseConfig:
+    out: Path
+    """diagnose.json goes here."""
     model: str = "release"
     """The bundle: a .vla path, a published version, 'latest' or 'release' (registry.store.resolve_model)."""
-    out: Path = Path("runs/diagnose")
-    """diagnose.json goes here."""
     tasks: tuple[str, ...] = TIER1_TASKS
     """Tasks whose expert screens are diagnosed."""
     screens: int = 200

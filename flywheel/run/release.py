@@ -17,13 +17,14 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import polars as pl
 
 from core.console import jsonable, say
 from core.settings import SUITE_TASKS, Settings, parse_tasks
+from edge_client.runner import EdgeConfig
 from flywheel.run.fleet import FleetRun, run_fleet
 from flywheel.run.stack import local_stack
 from learner.algorithms.sft import train_vla
@@ -35,25 +36,39 @@ from learner.recipe import VLARecipe
 REPORT_NAME = "demonstrations.json"
 
 
+def expert_fleet() -> EdgeConfig:
+    """The collection's clients: the scripted experts on Tier 1 and Tier 2 of the training suite, 100 episodes a task
+    each, up to 12 steps (the longest suite tasks need 11)."""
+    return EdgeConfig("demo-", tasks=SUITE_TASKS, episodes_per_task=100, policy="expert", max_steps=12)
+
+
 @dataclass(frozen=True)
 class DemonstrationsConfig:
-    out: Path = Path("runs/demonstrations")
+    out: Path
     """Tables (out/data), logs and the report go here."""
-    tasks: tuple[str, ...] = SUITE_TASKS
-    """Tasks to demonstrate (default: Tier 1 and Tier 2 of the training suite)."""
-    episodes_per_task: int = 100
-    """Episodes per task and client."""
     clients: int = 2
     """Edge clients, one browser each."""
-    seed: int = 0
-    """Client k runs seeds seed + k * 100_000 + i: training seeds stay far below the eval seeds (1,000,000+)."""
-    max_steps: int = 12
-    """An episode still running after this many steps ends as a failure."""
+    fleet: EdgeConfig = field(default_factory=expert_fleet)
+    """Each client's settings (tasks, episodes_per_task, seed, max_steps); client k runs seeds seed + k * 100_000 + i:
+    training seeds stay far below the eval seeds (1,000,000+)."""
+
+    def collection(self) -> dict:
+        """What was collected, as demonstrations.json records it (a finished collection of these is reused)."""
+        fleet = self.fleet
+        return {"tasks": list(fleet.tasks), "episodes_per_task": fleet.episodes_per_task, "clients": self.clients,
+                "seed": fleet.seed, "max_steps": fleet.max_steps}  # fmt: skip
+
+
+# The flags of `flywheel demonstrations`: --out, --clients and these four of the fleet's (the experts need no model,
+# teacher or sampling settings).
+DEMONSTRATION_FLEET_FLAGS = ("tasks", "episodes_per_task", "seed", "max_steps")
+NOT_DEMONSTRATION_FLAGS = tuple(f"fleet.{f.name}" for f in fields(EdgeConfig)
+                                if f.name not in DEMONSTRATION_FLEET_FLAGS)  # fmt: skip
 
 
 def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> dict:
     report_path = config.out / REPORT_NAME
-    wanted = jsonable({k: v for k, v in asdict(config).items() if k != "out"})
+    wanted = jsonable(config.collection())
     if report_path.exists():
         report = json.loads(report_path.read_text())
         if report.get("config") == wanted:
@@ -69,12 +84,12 @@ def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> 
                 name="demos",
                 prefix="demo-",
                 clients=config.clients,
-                tasks=config.tasks,
-                episodes_per_task=config.episodes_per_task,
+                tasks=config.fleet.tasks,
+                episodes_per_task=config.fleet.episodes_per_task,
                 policy="expert",
-                seed=config.seed,
+                seed=config.fleet.seed,
                 seed_stride=100_000,
-                max_steps=config.max_steps,
+                max_steps=config.fleet.max_steps,
                 drain_timeout_s=900.0,
             ),
             stack, config.out,
@@ -95,12 +110,13 @@ def collect_demonstrations(config: DemonstrationsConfig, settings: Settings) -> 
     return report
 
 
-def _collection(entry: dict, seed: int) -> dict:
-    """One entry of config["demonstrations"] as DemonstrationsConfig fields ('tasks' may be an alias)."""
-    fields = dict(entry)
-    fields["tasks"] = parse_tasks(fields.get("tasks", "suite"))
-    fields["seed"] = seed + int(fields.pop("seed_offset", 0))
-    return fields
+def _collection(entry: dict, out: Path, seed: int) -> DemonstrationsConfig:
+    """One entry of config["demonstrations"] ('tasks' may be an alias; 'seed_offset' from the recipe's seed)."""
+    given = dict(entry)
+    clients = int(given.pop("clients", DemonstrationsConfig.clients))
+    given["tasks"] = parse_tasks(given.get("tasks", "suite"))
+    given["seed"] = seed + int(given.pop("seed_offset", 0))
+    return DemonstrationsConfig(out=out, clients=clients, fleet=replace(expert_fleet(), **given))
 
 
 def release_demonstrations(raw: dict, work: Path, settings: Settings) -> list[dict]:
@@ -108,9 +124,7 @@ def release_demonstrations(raw: dict, work: Path, settings: Settings) -> list[di
     # Several collections (e.g. the whole suite, then more of Tier 1), each its own tables; seeds must not overlap.
     seed = int(raw["seed"])
     return [
-        collect_demonstrations(
-            DemonstrationsConfig(out=work / f"demonstrations-{i}", **_collection(entry, seed)), settings
-        )
+        collect_demonstrations(_collection(entry, work / f"demonstrations-{i}", seed), settings)
         for i, entry in enumerate(raw["demonstrations"])
     ]
 

@@ -56,8 +56,8 @@ def soak_run() -> DemoConfig:
     """The main job's continuous run with retention on: Delta maintenance (compaction, vacuum) every 2 minutes (the
     sinks commit about once a second per table, so a longer gap lets hundreds of small files pile up between
     passes), and the learner keeping its newest 5 versions and the runs it starts from again."""
-    demo = DemoConfig()
-    return replace(demo, out=Path("runs/soak"), worker=replace(demo.worker, maintenance_interval_s=120.0),
+    demo = DemoConfig(out=Path("runs/soak"))
+    return replace(demo, worker=replace(demo.worker, maintenance_interval_s=120.0),
                    learner=replace(demo.learner, keep_versions=5))  # fmt: skip
 
 

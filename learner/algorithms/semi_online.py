@@ -53,8 +53,8 @@ class SemiOnlineConfig:
     cursor) until this many groups are not flat, or every trajectory was tried once."""
     max_patches: int = 2
     """Mismatches patched with the expert's action per rollout; the next one ends the rollout."""
-    gamma: float = 0.5
-    """Discount of the step returns."""
+    discount: float = 0.5
+    """γ of the step returns, G_t = r_t + γ G_{t+1}, cut at a patched mismatch (UI-S1's 0.5)."""
     min_group_std: float = 1e-6
     """Groups whose rollouts' step-0 returns spread no more than this (std) are dropped: nothing to rank.
     Any spread is kept: a one-step task's returns are 1.0 (the expert's click) or 0.55 (a click elsewhere),
@@ -158,7 +158,7 @@ def rollout_advantages(rows: pl.DataFrame, config: SemiOnlineConfig) -> np.ndarr
     for _, rollout in rows.group_by("episode_id", maintain_order=True):
         rollout = rollout.sort("step")
         g = semi_online_returns(torch.tensor(rollout["reward"].to_numpy(), dtype=torch.float32),
-                                torch.tensor(rollout["matched"].to_numpy()), config.gamma)  # fmt: skip
+                                torch.tensor(rollout["matched"].to_numpy()), config.discount)  # fmt: skip
         index = rollout["row"].to_numpy()
         returns[index], totals[index] = g.numpy(), float(rollout["reward"].sum())
         first_returns.append(float(g[0]))
