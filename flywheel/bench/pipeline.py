@@ -35,6 +35,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -47,11 +48,12 @@ from core.object_store import Location, is_remote, split_uri
 from core.processes import Child
 from core.settings import Settings
 from core.stats import percentile
+from flywheel.bench import kdi
 from flywheel.bench.synthetic import bench_step, render_screens
-from flywheel.run.stack import local_stack
+from flywheel.run.stack import LocalStack, local_stack
 from lake import s3proxy
 from lake.tables import STEPS, open_table, table_exists, table_uri
-from schemas import encode_event
+from schemas import StepEvent, encode_event
 from streams.kafka_clients import make_consumer, make_producer
 from streams.topics import topics_for
 
@@ -75,6 +77,13 @@ class BenchConfig:
     """Per phase: give up waiting for rows after this long without progress."""
     s3_data_dir: str = ""
     """An s3://bucket/prefix: also run the faust worker with its tables there (`faust_s3`); empty: local only."""
+    kdi_binary: str = ""
+    """kafka-delta-ingest's executable, built by hand (flywheel.bench.kdi): also run it on the same steps as JSON
+    (`kdi`); empty: not run."""
+
+    def __post_init__(self) -> None:
+        if self.kdi_binary and not os.access(self.kdi_binary, os.X_OK):
+            raise ValueError(f"--kdi-binary {self.kdi_binary!r} is not an executable file")
 
 
 @dataclass
@@ -89,10 +98,16 @@ class Produced:
 
 
 def produce_steps(
-    settings: Settings, screens: list[bytes], count: int, client: str, steps_per_episode: int, rate: float = 0.0
+    settings: Settings,
+    screens: list[bytes],
+    count: int,
+    client: str,
+    steps_per_episode: int,
+    rate: float = 0.0,
+    encode: Callable[[StepEvent], bytes] = encode_event,
 ) -> Produced:
-    """Send `count` steps (whole episodes) to the steps topic, paced at `rate` steps/s (0: unpaced);
-    return the ids Kafka acknowledged."""
+    """Send `count` steps (whole episodes) to the steps topic, paced at `rate` steps/s (0: unpaced), each as
+    `encode` writes it; return the ids Kafka acknowledged."""
     producer = make_producer(settings, f"bench-{client}")
     topic = topics_for(settings).steps.name
     futures, payload = [], 0
@@ -105,7 +120,7 @@ def produce_steps(
                     time.sleep(delay)
             episode, step = divmod(i, steps_per_episode)
             event = bench_step(screens, client, episode, step, steps_per_episode)
-            value = encode_event(event)
+            value = encode(event)
             payload += len(value)
             futures.append((event.event_id, producer.send(topic, key=event.episode_id.encode(), value=value)))
         producer.flush()
@@ -198,6 +213,7 @@ def phase_stats(rows: dict[str, list[tuple[float, float]]], event_ids: list[str]
 
 
 CONSUMER_ARGS = {"faust": ("process",), "bare_consumer": ("bench", "bare-consumer")}  # `flywheel <args>` of each
+ENCODINGS = {"kdi": kdi.json_step}  # the modes whose consumer reads another encoding than the events' own
 
 
 def run_bare_consumer(settings: Settings) -> None:
@@ -248,13 +264,17 @@ def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes
     with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
         settings, tables = stack.settings, stack.settings.tables_dir
         print(f"[{mode}] capacity: producing {config.events} steps into the backlog", flush=True)
-        backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode)
-        consumer = stack.start(f"bench-{mode}", CONSUMER_ARGS[mode.removesuffix("_s3")])
-        print(f"[{mode}] capacity: draining the backlog ({backlog.events_per_s:.0f} steps/s produced)", flush=True)
-        wait_for_rows(tables, set(backlog.event_ids), consumer, config.timeout_s)
-        print(f"[{mode}] latency: {config.events} steps at {config.rate:.0f} steps/s", flush=True)
-        live = produce_steps(settings, screens, config.events, "lat", config.steps_per_episode, config.rate)
-        wait_for_rows(tables, set(live.event_ids), consumer, config.timeout_s)
+        encode = ENCODINGS.get(mode, encode_event)
+        backlog = produce_steps(settings, screens, config.events, "cap", config.steps_per_episode, encode=encode)
+        consumer = start_consumer(mode, stack, config)
+        try:
+            print(f"[{mode}] capacity: draining the backlog ({backlog.events_per_s:.0f} steps/s produced)", flush=True)
+            wait_for_rows(tables, set(backlog.event_ids), consumer, config.timeout_s)
+            print(f"[{mode}] latency: {config.events} steps at {config.rate:.0f} steps/s", flush=True)
+            live = produce_steps(settings, screens, config.events, "lat", config.steps_per_episode, config.rate, encode)
+            wait_for_rows(tables, set(live.event_ids), consumer, config.timeout_s)
+        finally:
+            consumer.stop()
     rows = visible_rows(settings)  # the consumer has stopped: its last commit is in
     capacity, latency = phase_stats(rows, backlog.event_ids), phase_stats(rows, live.event_ids)
     return {
@@ -272,11 +292,25 @@ def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes
     }
 
 
+def start_consumer(mode: str, stack: LocalStack, config: BenchConfig) -> Child | kdi.KdiProcess:
+    """The mode's consumer, started once its backlog is in: a `flywheel` process, or kafka-delta-ingest on the table
+    it appends to (created for it) and the mode's own steps topic."""
+    from processors.messages import BATCH_MAX  # our sinks' batch rule, kafka-delta-ingest's too
+
+    if mode != "kdi":
+        return stack.start(f"bench-{mode}", CONSUMER_ARGS[mode.removesuffix("_s3")])
+    table = Path(table_uri(stack.settings.tables_dir, STEPS))
+    kdi.create_table(table, kdi.kdi_schema())
+    command = kdi.kdi_command(config.kdi_binary, topics_for(stack.settings).steps.name, table,
+                              stack.settings.bootstrap, BATCH_MAX)  # fmt: skip
+    return kdi.KdiProcess(command, config.out / "logs" / "kafka-delta-ingest.log")
+
+
 def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {"machine": machine()}
-    modes = MODES + (("faust_s3",) if config.s3_data_dir else ())
+    modes = MODES + (("faust_s3",) if config.s3_data_dir else ()) + (("kdi",) if config.kdi_binary else ())
     if config.s3_data_dir and not is_remote(config.s3_data_dir):
         raise ValueError(f"--s3-data-dir {config.s3_data_dir!r}: give an s3://bucket/prefix "
                          "(local disk is the baseline)")  # fmt: skip
@@ -300,6 +334,10 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
             "lost==0_and_duplicated==0": all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in modes),
         },
     }
+    if "kdi" in report:
+        over_kdi = faust["events_per_s"] / report["kdi"]["events_per_s"] if report["kdi"]["events_per_s"] else 0.0
+        report["summary"]["faust_over_kdi_throughput"] = round(over_kdi, 3)
+        report["summary"]["targets"]["faust_over_kdi>=1.0"] = over_kdi >= 1.0
     if "faust_s3" in report:
         on_s3 = report["faust_s3"]
         s3_ratio = on_s3["events_per_s"] / faust["events_per_s"] if faust["events_per_s"] else 0.0
@@ -334,7 +372,7 @@ def format_report(report: dict) -> str:
         ("lost", "lost"),
         ("duplicated", "duplicated"),
     ]
-    modes = [m for m in (*MODES, "faust_s3") if m in report]
+    modes = [m for m in (*MODES, "faust_s3", "kdi") if m in report]
     lines = [f"{'':30s}" + "".join(f" {m:>16s}" for m in modes)]
     for label, key in rows:
         if key is None:
@@ -345,6 +383,8 @@ def format_report(report: dict) -> str:
     s = report["summary"]
     if "s3_over_local_throughput" in s:
         lines.append(f"faust on S3 / on local disk throughput: {s['s3_over_local_throughput']:.2f}")
+    if "faust_over_kdi_throughput" in s:
+        lines.append(f"faust / kafka-delta-ingest throughput: {s['faust_over_kdi_throughput']:.2f}")
     lines.append(
         f"faust / bare throughput: {s['faust_over_bare_throughput']:.2f}; fleet supported at "
         f"{s['client_steps_per_s']:g} steps/s per client: {s['fleet_size_supported']} clients"
