@@ -15,8 +15,10 @@ Exactly once, and the same on a replay: the scorer keys episodes by task, so one
 whole history in one order, and an episode is judged on the episodes of its task *before it in that
 partition*: the rows already in the Delta `episodes` table below its offset, plus the batch's earlier
 ones. Neither a restart, a redelivered batch, a rebalance nor `flywheel replay` changes that history.
-Cost: each batch of episodes reads eight narrow columns of the batch's tasks' rows in `episodes` (one row
-per episode); a table of millions of episodes would want that history kept incrementally instead.
+A partition's history is kept in memory between batches (`CurationHistory`: the live success and solved seeds
+its rows add up to, advanced by each batch), so a batch costs its own episodes, not the table's; it is read again
+from the table (eight narrow columns of that partition's rows) when it may be stale: on first use, for a batch that
+does not start after what it saw (a redelivery, a rebalance), and after a commit to `episodes` that was not ours.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ WINDOW = 50  # model episodes per task the live success is measured over
 MIN_EPISODES = 10  # fewer than this: not measured yet
 NEAR_MISS_VERIFIED = 0.8  # a failure whose steps were verified at least this often came close
 MAX_SOLVED_SEEDS = 100_000  # (task, seed) pairs remembered as solved, oldest forgotten first
+MAX_SEEN = 100_000  # episode ids a partition remembers, so that a re-emitted episode counts once (it follows soon)
 NOT_THE_POLICY = ("error", "abandoned")  # endings that say nothing about the policy: not curated, not its live success
 
 
@@ -71,6 +74,37 @@ HISTORY_COLUMNS = ["episode_id", "task", "seed", "success", "policy", "terminati
                    "kafka_offset"]  # fmt: skip
 
 
+class PartitionMemory:
+    """One partition's episodes as curation sees them, in offset order: the model's live success per task and the
+    solved seeds (LiveSuccess), each episode_id once (among the last MAX_SEEN), and the last offset seen."""
+
+    def __init__(self) -> None:
+        self.live = LiveSuccess()
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.through = -1
+
+    def observe(self, offset: int, row: dict) -> None:
+        """An episode (a row of HISTORY_COLUMNS) at `offset`, after every one before it."""
+        self.through = offset
+        if row["termination"] in NOT_THE_POLICY or row["episode_id"] in self.seen:
+            return
+        self.seen[row["episode_id"]] = None
+        if len(self.seen) > MAX_SEEN:
+            self.seen.popitem(last=False)
+        self.live.observe(row["task"], row["seed"], bool(row["success"]), row["policy"])
+
+    def curate(self, offset: int, episode: EpisodeEvent) -> Curated | None:
+        """Judge an episode on what came before it, then remember it."""
+        decision = _judge(episode, self.live)
+        self.observe(offset, history_row(episode))
+        return decision
+
+
+def history_row(episode: EpisodeEvent) -> dict:
+    return {"episode_id": episode.episode_id, "task": episode.task, "seed": episode.seed, "success": episode.success,
+            "policy": episode.policy, "termination": episode.termination}  # fmt: skip
+
+
 def curate_batch(batch: list[tuple[int, int, EpisodeEvent]], history: Iterable[dict]) -> list[Curated | None]:
     """The curation of each (partition, offset, episode) of a batch, judged on the episodes before it.
 
@@ -81,29 +115,57 @@ def curate_batch(batch: list[tuple[int, int, EpisodeEvent]], history: Iterable[d
         entries[(row["kafka_partition"], row["kafka_offset"])] = row
     judged = {}
     for partition, offset, episode in batch:
-        entries[(partition, offset)] = {"episode_id": episode.episode_id, "task": episode.task, "seed": episode.seed,
-                                        "success": episode.success, "policy": episode.policy,
-                                        "termination": episode.termination}  # fmt: skip
+        entries[(partition, offset)] = history_row(episode)
         judged[(partition, offset)] = episode
-    live: dict[int, LiveSuccess] = defaultdict(LiveSuccess)  # per partition: a task lives in one
-    seen: set[str] = set()  # a re-emitted episode (scorer restart) counts once
+    memory: dict[int, PartitionMemory] = defaultdict(PartitionMemory)  # a task lives in one partition
     decisions: dict[tuple[int, int], Curated | None] = {}
-    for key in sorted(entries):
-        row = entries[key]
-        if key in judged:
-            decisions[key] = _judge(judged[key], live[key[0]])
-        if row["termination"] not in NOT_THE_POLICY and row["episode_id"] not in seen:
-            seen.add(row["episode_id"])
-            live[key[0]].observe(row["task"], row["seed"], bool(row["success"]), row["policy"])
+    for partition, offset in sorted(entries):
+        if (partition, offset) in judged:
+            decisions[(partition, offset)] = memory[partition].curate(offset, judged[(partition, offset)])
+        else:
+            memory[partition].observe(offset, entries[(partition, offset)])
     return [decisions[(partition, offset)] for partition, offset, _ in batch]
 
 
-def episode_history(sink, tasks: set[str]) -> list[dict]:
-    """The `episodes` table's rows (HISTORY_COLUMNS) of `tasks`, at its newest version (sink: a DeltaSink)."""
-    import pyarrow.compute as pc
+class CurationHistory:
+    """Each partition's PartitionMemory, kept between the batches of one `episodes` sink (a DeltaSink): `curate` a
+    batch, commit its episodes, then `committed`. A memory is read again from the table when it may be stale: first
+    use, a batch of the partition not after its last offset, or a table version other than the one our last commit
+    made (someone else committed, or our commit did not follow directly on what the memories reflect)."""
 
-    sink.refresh()
-    return sink.read(HISTORY_COLUMNS, pc.field("task").isin(sorted(tasks)), {}).to_pylist()
+    def __init__(self, sink):
+        self.sink = sink
+        self.memory: dict[int, PartitionMemory] = {}
+        self.version: int | None = None  # the table version the memories reflect
+        self.judged_at: int | None = None  # the table version the last batch was judged at
+
+    def curate(self, batch: list[tuple[int, int, EpisodeEvent]]) -> list[Curated | None]:
+        self.sink.refresh()
+        self.judged_at = self.sink.version()
+        if self.judged_at != self.version:
+            self.memory.clear()
+        decisions: dict[tuple[int, int], Curated | None] = {}
+        for partition, offset, episode in sorted(batch, key=lambda entry: entry[:2]):
+            memory = self.memory.get(partition)
+            if memory is None or offset <= memory.through:
+                memory = self.memory[partition] = self._read(partition, below=offset)
+            decisions[(partition, offset)] = memory.curate(offset, episode)
+        return [decisions[(partition, offset)] for partition, offset, _ in batch]
+
+    def committed(self) -> None:
+        """The batch's episodes are in the table: the memories hold if that commit followed the version judged at."""
+        written = self.sink.written_version
+        self.version = written if written is not None and written == self.judged_at + 1 else None
+
+    def _read(self, partition: int, below: int) -> PartitionMemory:
+        import pyarrow.compute as pc
+
+        where = (pc.field("kafka_partition") == partition) & (pc.field("kafka_offset") < below)
+        rows = self.sink.read(HISTORY_COLUMNS, where, {}).sort_by("kafka_offset").to_pylist()
+        memory = PartitionMemory()
+        for row in rows:
+            memory.observe(row["kafka_offset"], row)
+        return memory
 
 
 def _judge(episode: EpisodeEvent, live: LiveSuccess) -> Curated | None:

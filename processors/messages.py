@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from processors.curation import curate_batch
+from processors.curation import Curated, curate_batch
 from processors.delta_sink import Record
 from processors.table_rows import episode_row, sample_rows, step_row
 from schemas import EpisodeEvent, EventDecodeError, StepEvent, decode_event
@@ -69,12 +69,12 @@ def step_records(messages: Iterable, max_screenshot_bytes: int) -> StepBatch:
 
 
 def episode_records(
-    messages: Iterable, history: Callable[[set[str]], list[dict]] | None = None
+    messages: Iterable, curate: Callable[[list[tuple[int, int, EpisodeEvent]]], list[Curated | None]] | None = None
 ) -> tuple[list[Record], list[Record], list[Dead]]:
     """(episodes records, training_samples records, dead letters).
 
-    `history(tasks)`: the `episodes` table's rows of those tasks (processors.curation.HISTORY_COLUMNS),
-    what curation judges each episode against; None: no history (a fresh table)."""
+    `curate`: each (partition, offset, episode)'s curation, judged on the episodes before it (a
+    processors.curation.CurationHistory's); None: on the batch alone (a fresh table)."""
     episodes, samples, dead = [], [], []
     decoded: list[tuple[object, EpisodeEvent | None]] = []
     for message in messages:
@@ -84,8 +84,7 @@ def episode_records(
             dead.append((message, error))
             decoded.append((message, None))
     valid = [(m.partition, m.offset, e) for m, e in decoded if e is not None]
-    rows_before = history({e.task for _, _, e in valid}) if history is not None and valid else []
-    curated = iter(curate_batch(valid, rows_before))
+    curated = iter((curate or (lambda batch: curate_batch(batch, [])))(valid) if valid else [])
     for message, episode in decoded:
         at = (message.topic, message.partition, message.offset)
         if episode is None:

@@ -22,7 +22,6 @@ of what the log says happened.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
@@ -36,7 +35,7 @@ from kafka import KafkaConsumer, TopicPartition
 from core.settings import Settings
 from lake.queries import scan_table
 from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
-from processors.curation import episode_history
+from processors.curation import CurationHistory
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.messages import BATCH_MAX, episode_records, step_records
@@ -154,6 +153,7 @@ def replay(
             summary.carried[table] = carry_past_retention(settings, table, topic, starts, ids, batch_size)
             summary.rows[table] += summary.carried[table]
         buffers: dict[str, list] = {steps_topic: [], episodes_topic: []}
+        history = CurationHistory(episode_ids.sink)  # what curation judged each episode on, as the worker does
 
         def flush(topic: str) -> None:
             batch, buffers[topic] = buffers[topic], []
@@ -165,8 +165,9 @@ def replay(
                 summary.dead_letters += len(steps.dead)
                 summary.rows[STEPS] += _write(step_ids, steps.records)
             else:
-                episodes, samples, _dead = episode_records(batch, functools.partial(episode_history, episode_ids.sink))
+                episodes, samples, _dead = episode_records(batch, history.curate)
                 summary.rows[EPISODES] += _write(episode_ids, episodes)
+                history.committed()
                 summary.rows[TRAINING_SAMPLES] += _write(sample_ids, samples)
             if progress is not None:
                 progress(summary)

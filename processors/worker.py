@@ -9,7 +9,6 @@ processors.assembly and processors.scoring into the Delta sinks of processors.de
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import os
@@ -25,7 +24,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES
 from processors import maintenance, metrics
 from processors.assembly import EpisodeAssembler
 from processors.batching import Batcher
-from processors.curation import episode_history
+from processors.curation import CurationHistory
 from processors.dedup import RecentIds
 from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
@@ -126,16 +125,17 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
     async def sink_episodes(stream):
         episode_ids = RecentIds(DeltaSink(settings.tables_dir, EPISODES), config.dedup_window_s)
         sample_ids = RecentIds(DeltaSink(settings.tables_dir, TRAINING_SAMPLES), config.dedup_window_s)
+        history = CurationHistory(episode_ids.sink)
 
         async def write_episodes(events) -> None:
-            history = functools.partial(episode_history, episode_ids.sink)
             episodes, samples, dead = await asyncio.to_thread(
-                episode_records, [event.message for event in events], history
+                episode_records, [event.message for event in events], history.curate
             )
             fresh_episodes = await asyncio.to_thread(episode_ids.fresh, episodes)
             await asyncio.gather(*await dead_letter(dead_among(dead, fresh_episodes)))
             await _commit(episode_ids.sink, fresh_episodes)
             episode_ids.written()
+            history.committed()
             await _commit(sample_ids.sink, await asyncio.to_thread(sample_ids.fresh, samples))
             sample_ids.written()
             metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))

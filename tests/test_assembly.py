@@ -246,7 +246,7 @@ def test_an_abandoned_episode_is_never_curated_nor_counted_a_success(tmp_path):
     (abandoned,) = assembler.observe([at(0, reward=1.0), at(GAP + 1, "c1-click-test-8-0")])
     assert abandoned.termination == "abandoned" and not abandoned.success and abandoned.raw_reward == 1.0
     message = SimpleNamespace(topic="episodes", partition=0, offset=5, value=encode_event(abandoned))
-    episodes, samples, dead = episode_records([message], lambda tasks: [])
+    episodes, samples, dead = episode_records([message])
     assert dead == [] and samples[0].rows == []  # in `episodes`, nothing in `training_samples`
     DeltaSink(tmp_path, EPISODES).write(episodes)
     row = pl.read_delta(table_uri(tmp_path, EPISODES)).select("episode_id", "termination", "success").row(0)

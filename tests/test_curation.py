@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from processors.curation import MIN_EPISODES, curate_batch
 from processors.scoring import EpisodeProgress, score_abandoned, score_episode
 from schemas import Verify
@@ -83,3 +85,61 @@ def test_abandoned_episodes_are_not_curated_and_not_held_against_the_model():
     # 50 successes, then 50 abandoned episodes of the same model: the task is still solved, not suddenly hard.
     gone = [history_row(50 + i, success=False) | {"termination": "abandoned"} for i in range(50)]
     assert judge(episode(), solved + gone).weight == 0.1
+
+
+def test_the_history_kept_between_batches_judges_as_the_whole_table_does(tmp_path):
+    """CurationHistory keeps each partition's memory between batches and reads the table only when it may be stale:
+    first use, a redelivered batch, a commit that was not ours. Its decisions equal the reference's (curate_batch on
+    every row of the table) at every batch."""
+    import polars as pl
+
+    from lake.tables import EPISODES, table_uri
+    from processors.curation import HISTORY_COLUMNS, CurationHistory
+    from processors.delta_sink import DeltaSink
+    from processors.messages import episode_records
+    from schemas import encode_event
+
+    sink = DeltaSink(tmp_path, EPISODES)
+    history = CurationHistory(sink)
+    reads = []
+    read = history._read
+    history._read = lambda partition, below: reads.append((partition, below)) or read(partition, below)
+    next_offset = {0: 0, 1: 0}
+
+    def messages(count: int, first_seed: int, succeeding: bool = False) -> list:
+        found = []
+        for i in range(count):
+            partition, seed = i % 2, first_seed + i
+            ep = episode(task=("click-test", "click-button")[partition], seed=seed, success=succeeding or seed % 3 != 0)
+            found.append(SimpleNamespace(topic="t.episodes", partition=partition, offset=next_offset[partition],
+                                         value=encode_event(ep), episode=ep))  # fmt: skip
+            next_offset[partition] += 1
+        return found
+
+    def table_rows() -> list[dict]:
+        uri = table_uri(tmp_path, EPISODES)
+        return pl.read_delta(uri).select(HISTORY_COLUMNS).to_dicts() if (tmp_path / EPISODES).exists() else []
+
+    weights = set()
+
+    def judged_alike(batch_messages: list) -> None:
+        batch = [(m.partition, m.offset, m.episode) for m in batch_messages]
+        reference = curate_batch(batch, table_rows())
+        assert history.curate(batch) == reference
+        weights.update(d.weight for d in reference)
+
+    for b in range(6):  # the bar rises as the model's successes pile up: the later batches see solved tasks
+        batch_messages = messages(24, first_seed=100 * b, succeeding=b >= 2)
+        judged_alike(batch_messages)
+        sink.write(episode_records(batch_messages)[0])
+        history.committed()
+    assert reads == [(0, 0), (1, 0), (0, 12), (1, 12)]  # first use, and after the commit that created the table
+    judged_alike(batch_messages)  # redelivered: its rows are in the table already
+    assert reads[-2:] == [(0, 60), (1, 60)]
+    sink.write(episode_records(batch_messages)[0])  # nothing new
+    history.committed()
+    theirs = messages(4, first_seed=1000)
+    DeltaSink(tmp_path, EPISODES, sink="theirs").write(episode_records(theirs)[0])  # a commit not ours
+    judged_alike(messages(6, first_seed=2000))
+    assert reads[-2:] == [(0, 74), (1, 74)] and len(reads) == 8
+    assert {2.0, 1.0, 0.5, 0.1} <= weights  # not measured yet, measured, failures, solved: the history mattered
