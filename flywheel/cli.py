@@ -360,7 +360,8 @@ def _bench(p: argparse.ArgumentParser) -> None:
     }  # fmt: skip
     for name, (help_text, module, config) in kinds.items():
         kind = what.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
-        add_config_arguments(kind, config, parse=TASKS if "tasks" in config.__dataclass_fields__ else None)
+        workload = {"workload": runnable_tasks} if "workload" in config.__dataclass_fields__ else None
+        add_config_arguments(kind, config, parse=workload)
         kind.set_defaults(func=lambda args, module=module, config=config: module.command(config_from(args, config),
                                                                                         get_settings()))  # fmt: skip
     help_text = "the baseline consumer process `bench pipeline` starts"

@@ -110,7 +110,7 @@ def test_edge_client_and_worker_ride_through_with_nothing_lost_or_duplicated(
     summary_path = tmp_path / "edge.json"
     edge = cluster_stack.start(
         "edge",
-        ["edge", "--client-id", EDGE_ID, "--tasks", "click-test", "--episodes", "100000",
+        ["edge", "--client-id", EDGE_ID, "--policy", "expert", "--tasks", "click-test", "--episodes", "100000",
          "--stop-after-s", str(EDGE_S), "--summary", str(summary_path)],
     )  # fmt: skip
     producer = Producer(settings, episodes("p", THREAD_STEPS // 3), rate=THREAD_RATE)

@@ -82,7 +82,7 @@ def test_edge_client_keeps_acting_while_the_broker_is_down_and_delivers_everythi
     summary_path = tmp_path / "summary.json"
     client = stack.start(
         "edge-offline",
-        ["edge", "--client-id", "offline-c0", "--tasks", "click-test", "--episodes", "100000",
+        ["edge", "--client-id", "offline-c0", "--policy", "expert", "--tasks", "click-test", "--episodes", "100000",
          "--stop-after-s", "90", "--summary", str(summary_path)],
     )  # fmt: skip
     time.sleep(12)  # browser up, some steps delivered
@@ -304,7 +304,8 @@ def test_an_edge_client_asked_to_stop_ends_its_episode_and_drains_its_spool(stac
     summary_path, ledger_path = tmp_path / "summary.json", tmp_path / "ledger"
     client = stack.start(
         "edge-stopped",
-        ["edge", "--client-id", "stopped-c0", "--tasks", "click-checkboxes,enter-text", "--episodes", "100000",
+        ["edge", "--client-id", "stopped-c0", "--policy", "expert", "--tasks", "click-checkboxes,enter-text",
+         "--episodes", "100000",
          "--summary", str(summary_path), "--ledger-path", str(ledger_path)],
     )  # fmt: skip
     wait_until(lambda: ledger_path.exists() and len(read_client_ledgers([ledger_path])) > 20, 120,

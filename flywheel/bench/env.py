@@ -275,7 +275,7 @@ def figures(results: list[EpisodeResult], wall_s: float, profiler: Profiler | No
 
 def run_bench(config: EnvBenchConfig, artifacts_dir: Path) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
-    model, version = resolve_model(config.model, artifacts_dir)
+    model, version = resolve_model(config.model, artifacts_dir) if "model" in config.policies else (Path(), "")
     report: dict[str, Any] = {"config": {**asdict(config), "out": str(config.out), "model_version": version},
                               "machine": machine(), "paths": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as spool_dir:

@@ -12,6 +12,7 @@ beforehand with the schema of that JSON. Its batches follow our rule: 2,000 mess
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections import deque
 from pathlib import Path
@@ -84,7 +85,7 @@ class KdiProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={"RUST_LOG": "warn"})  # fmt: skip
+                                         env={**os.environ, "RUST_LOG": "warn"})  # fmt: skip
 
     def running(self) -> bool:
         return self.proc.poll() is None

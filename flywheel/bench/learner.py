@@ -12,9 +12,9 @@ fp32 ceiling it reaches, per recipe and thread count, side by side in one run.
     in
                  onnxruntime, then its PPO update
 
-Data (untimed, made once): expert demonstrations on `tasks` through the fast environment path, a short SFT
+Data (untimed, made once): expert demonstrations on the `workload` through the fast environment path, a short SFT
 per recipe, and that model's sampled rollouts (GRPO groups), all as the rows the pipeline would write.
-Timing: each update runs `warmup` steps, then `steps` timed steps in a fresh call that resumes from the
+Timing: each update runs `warmup` steps, then `timed_steps` timed steps in a fresh call that resumes from the
 warm-up's checkpoint (model, optimizer and sampler as they were), so what is timed is training alone (the
 dataset decode and model load happen before a run's clock starts). SFT is also split into phases (data,
 forward, backward, optimizer) by wrapping those calls.

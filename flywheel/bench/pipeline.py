@@ -20,6 +20,7 @@ edge clients send them):
 Lost (produced and acknowledged, never in Delta) and duplicated (rows beyond one per event_id) are
 counted over both phases. Writes DIR/pipeline_bench.json and prints a table.
 
+With `--kdi-binary PATH`, kafka-delta-ingest (flywheel.bench.kdi) runs the same two phases on the same steps as JSON.
 With `--s3-data-dir s3://bucket/prefix` a third run, `faust_s3`, is the same worker with its tables on the object store
 (the local S3Proxy, started for it): its events/s against `faust`'s on local disk, side by side. A commit's
 visibility there is its log object's write time, read from S3Proxy's filesystem backend (S3's LastModified has
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -43,6 +45,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 from kafka import TopicPartition
 
+from core.cli_config import ConfigError
 from core.machine import machine
 from core.object_store import Location, is_remote, split_uri
 from core.processes import Child
@@ -82,7 +85,7 @@ class BenchConfig:
     (`kdi`); empty: not run."""
 
     def __post_init__(self) -> None:
-        if self.kdi_binary and not os.access(self.kdi_binary, os.X_OK):
+        if self.kdi_binary and not (os.path.isfile(self.kdi_binary) and os.access(self.kdi_binary, os.X_OK)):
             raise ValueError(f"--kdi-binary {self.kdi_binary!r} is not an executable file")
 
 
@@ -300,6 +303,7 @@ def start_consumer(mode: str, stack: LocalStack, config: BenchConfig) -> Child |
     if mode != "kdi":
         return stack.start(f"bench-{mode}", CONSUMER_ARGS[mode.removesuffix("_s3")])
     table = Path(table_uri(stack.settings.tables_dir, STEPS))
+    shutil.rmtree(table, ignore_errors=True)  # an earlier run's: its offsets are another topic's, under the same app id
     kdi.create_table(table, kdi.kdi_schema())
     command = kdi.kdi_command(config.kdi_binary, topics_for(stack.settings).steps.name, table,
                               stack.settings.bootstrap, BATCH_MAX)  # fmt: skip
@@ -307,13 +311,15 @@ def start_consumer(mode: str, stack: LocalStack, config: BenchConfig) -> Child |
 
 
 def run_bench(config: BenchConfig, settings: Settings) -> dict:
+    if config.kdi_binary and (settings.data_is_remote or settings.security_protocol != "PLAINTEXT"):
+        raise ConfigError("--kdi-binary: kafka-delta-ingest runs here on local tables over a PLAINTEXT broker only")
+    if config.s3_data_dir and not is_remote(config.s3_data_dir):
+        raise ConfigError(f"--s3-data-dir {config.s3_data_dir!r}: give an s3://bucket/prefix "
+                          "(local disk is the baseline)")  # fmt: skip
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {"machine": machine()}
     modes = MODES + (("faust_s3",) if config.s3_data_dir else ()) + (("kdi",) if config.kdi_binary else ())
-    if config.s3_data_dir and not is_remote(config.s3_data_dir):
-        raise ValueError(f"--s3-data-dir {config.s3_data_dir!r}: give an s3://bucket/prefix "
-                         "(local disk is the baseline)")  # fmt: skip
     with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for every mode
         for mode in modes:
             report[mode] = run_mode(mode, config, stack.settings, screens)
