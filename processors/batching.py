@@ -10,6 +10,10 @@ and ages from its own first event. When reading stopped for each write, a step t
 one waited that write, then the batch age, then its own write (on an object store, where a commit is
 several round trips, that was the p99). Writes stay one at a time and in order (the episode assembler
 and each commit's offsets need it); the stream waits only when a full batch is already queued.
+
+A busy stream's batch is due sooner: one of `early_size` events is due at `early_age_s` (the p99 at 1,000 steps/s
+was the whole age plus a commit, over 1 s). A quiet stream's batches still wait the whole age, so the tables' files
+stay few; a backlog still fills whole batches, so a drain keeps their throughput.
 """
 
 from __future__ import annotations
@@ -22,21 +26,27 @@ from dataclasses import dataclass, field
 from faust.types import EventT
 
 
+def batch_due(size: int, age_s: float, max_size: int, max_age_s: float, early_size: int, early_age_s: float) -> bool:
+    """Full, as old as the age, or busy enough to go early (early_size 0: never)."""
+    return size >= max_size or (size > 0 and (age_s >= max_age_s or (0 < early_size <= size and age_s >= early_age_s)))
+
+
 @dataclass
 class Batcher:
     flush: Callable[[list[EventT]], Awaitable[None]]
     on_failure: Callable[[BaseException], None]  # the batch stays un-acked; the worker must restart
     max_size: int = 500
     max_age_s: float = 1.0
+    early_size: int = 0  # 0: never early
+    early_age_s: float = 0.0
     events: list[EventT] = field(default_factory=list)  # the batch filling, not yet being written
     first_at: float = 0.0
     writing: asyncio.Task | None = None  # the batch being written, at most one
     failed: BaseException | None = None
 
     def should_flush(self) -> bool:
-        return len(self.events) >= self.max_size or (
-            bool(self.events) and time.monotonic() - self.first_at >= self.max_age_s
-        )
+        return batch_due(len(self.events), time.monotonic() - self.first_at, self.max_size, self.max_age_s,
+                         self.early_size, self.early_age_s)  # fmt: skip
 
     def busy(self) -> bool:
         return self.writing is not None and not self.writing.done()

@@ -34,7 +34,8 @@ from processors.worker_config import WorkerConfig
 from schemas import encode_event
 
 log = logging.getLogger(__name__)
-BATCH_WITHIN_S = 1.0  # a batch is committed when it holds BATCH_MAX records or its oldest is this old
+BATCH_WITHIN_S = 1.0  # a batch is committed when it holds BATCH_MAX records or its oldest is this old,
+BATCH_EARLY, BATCH_EARLY_S = 250, 0.5  # or, busy, when it holds this many and is this old (processors.batching)
 IDLE_CHECK_S = 5.0  # how often partitions gone quiet are checked for episodes to close (processors.assembly.tick)
 
 
@@ -116,7 +117,7 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
             metrics.EVENTS.labels("steps", "dead_letter").inc(len(fresh.dead))
             metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh.steps) - len(fresh.dead))
 
-        batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S)
+        batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S)
         batchers.append(batcher)
         async for event in stream.noack().events():
             await batcher.add(event)
@@ -141,7 +142,7 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
             metrics.BATCH_EVENTS.labels(EPISODES).observe(len(events))
             metrics.EVENTS.labels("episodes", "ok").inc(len(events) - len(dead))
 
-        batcher = Batcher(write_episodes, crash, BATCH_MAX, BATCH_WITHIN_S)
+        batcher = Batcher(write_episodes, crash, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S)
         batchers.append(batcher)
         async for event in stream.noack().events():
             await batcher.add(event)

@@ -152,3 +152,20 @@ def test_an_episode_another_worker_wrote_after_we_loaded_the_ids_is_still_droppe
     seen.written()
     ids = DeltaTable(str(tmp_path / EPISODES)).to_pyarrow_table(columns=["episode_id"]).column(0).to_pylist()
     assert sorted(ids) == ["c0-a-1-1", "c0-b-2-2", "c0-c-3-3"]
+
+
+def test_a_busy_streams_batch_is_due_at_half_the_age_a_quiet_ones_at_the_whole():
+    """At 1,000 steps/s a batch of 250 is due at 0.5 s (the p99 was the whole age plus a commit); 10 steps/s still
+    wait the whole second (few files); a backlog fills whole batches."""
+    from processors.batching import batch_due
+    from processors.messages import BATCH_MAX
+    from processors.worker import BATCH_EARLY, BATCH_EARLY_S, BATCH_WITHIN_S
+
+    def due(size: int, age_s: float) -> bool:
+        return batch_due(size, age_s, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S)
+
+    assert due(500, 0.5) and not due(499, 0.49)  # busy: 1,000/s
+    assert not due(5, 0.5) and not due(9, 0.99) and due(10, 1.0)  # quiet: 10/s
+    assert due(BATCH_MAX, 0.01) and not due(BATCH_MAX - 1, 0.01)  # a backlog: whole batches
+    assert not due(0, 5.0)
+    assert not batch_due(500, 0.6, BATCH_MAX, BATCH_WITHIN_S, 0, 0.0)  # early_size 0: never early

@@ -221,10 +221,11 @@ ENCODINGS = {"kdi": kdi.json_step}  # the modes whose consumer reads another enc
 
 def run_bare_consumer(settings: Settings) -> None:
     """The baseline: a bare kafka-python consumer, no group, every steps partition assigned, resuming after the
-    offsets in the Delta table; batches of BATCH_MAX records or BATCH_WITHIN_S seconds, like the faust sink."""
+    offsets in the Delta table; batches due by the faust sink's rule (processors.batching.batch_due)."""
+    from processors.batching import batch_due
     from processors.delta_sink import DeltaSink
     from processors.messages import step_records
-    from processors.worker import BATCH_MAX, BATCH_WITHIN_S
+    from processors.worker import BATCH_EARLY, BATCH_EARLY_S, BATCH_MAX, BATCH_WITHIN_S
     from processors.worker_config import WorkerConfig  # the worker's bound, so both modes dead-letter alike
 
     stop = threading.Event()
@@ -247,7 +248,9 @@ def run_bare_consumer(settings: Settings) -> None:
                 if not batch:
                     first_at = time.monotonic()
                 batch += records
-            if batch and (len(batch) >= BATCH_MAX or time.monotonic() - first_at >= BATCH_WITHIN_S):
+            if batch_due(
+                len(batch), time.monotonic() - first_at, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S
+            ):
                 sink.write(step_records(batch, WorkerConfig().max_screenshot_bytes).records)
                 batch = []
     finally:
