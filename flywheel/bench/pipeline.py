@@ -1,6 +1,7 @@
 """`flywheel bench pipeline --events N --out DIR`: the pipeline's capacity and latency, beside a baseline.
 
-Two consumers of the same steps, each on its own fresh topics and tables, one after the other:
+Two consumers of the same steps, each on its own fresh topics and tables, one after the other, once per round
+(`--rounds`, alternating order; the figures are medians over the rounds, each round kept in the JSON):
 
 * `faust`: the real worker (`flywheel process`): steps -> Delta `steps`, plus episode assembly,
   scoring, the episodes topic and the `episodes` / `training_samples` tables.
@@ -34,6 +35,7 @@ import logging
 import os
 import shutil
 import signal
+import statistics
 import threading
 import time
 from collections import Counter
@@ -78,6 +80,9 @@ class BenchConfig:
     """One edge client's step rate, for the fleet-size statement."""
     timeout_s: float = 300.0
     """Per phase: give up waiting for rows after this long without progress."""
+    rounds: int = 3
+    """Every mode once per round, in alternating order; events/s and latencies are medians over the rounds (this
+    shared VM's speed drifts by tens of percent between minutes), lost and duplicated add up."""
     s3_data_dir: str = ""
     """An s3://bucket/prefix: also run the faust worker with its tables there (`faust_s3`); empty: local only."""
     kdi_binary: str = ""
@@ -262,9 +267,9 @@ def run_bare_consumer(settings: Settings) -> None:
 # --- the benchmark ------------------------------------------------------------------------------------------------
 
 
-def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes]) -> dict:
-    # Fresh topics and tables per mode; the consumer starts only once the backlog is in.
-    data_dir = config.out / "data" / mode
+def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes], round_: int = 0) -> dict:
+    # Fresh topics and tables per mode and round; the consumer starts only once the backlog is in.
+    data_dir = config.out / "data" / f"{mode}-{round_}"
     if mode == "faust_s3":
         base = base.model_copy(update={"data_dir": config.s3_data_dir})  # a prefix of the run's own under it
     with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
@@ -323,13 +328,20 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     screens = render_screens()
     report: dict = {"machine": machine()}
     modes = MODES + (("faust_s3",) if config.s3_data_dir else ()) + (("kdi",) if config.kdi_binary else ())
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for every mode
-        for mode in modes:
-            report[mode] = run_mode(mode, config, stack.settings, screens)
+        for round_ in range(config.rounds):
+            for mode in modes if round_ % 2 == 0 else modes[::-1]:
+                runs[mode].append(run_mode(mode, config, stack.settings, screens, round_))
+    report |= {mode: over_rounds(runs[mode]) for mode in modes}
     faust, bare = report["faust"], report["bare_consumer"]
     ratio = faust["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
     report["summary"] = {
         "faust_over_bare_throughput": round(ratio, 3),
+        "faust_over_bare_per_round": [
+            round(f["events_per_s"] / b["events_per_s"], 3) if b["events_per_s"] else 0.0
+            for f, b in zip(runs["faust"], runs["bare_consumer"], strict=True)
+        ],  # fmt: skip
         "client_steps_per_s": config.client_steps_per_s,
         "fleet_size_supported": int(faust["events_per_s"] // config.client_steps_per_s),
         "cpus": os.cpu_count(),
@@ -358,6 +370,27 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     (config.out / "pipeline_bench.json").write_text(json.dumps(report, indent=2))
     print(format_report(report))
     return report
+
+
+def over_rounds(runs: list[dict]) -> dict:
+    """A mode's figures over its rounds: medians of the rates and latencies, sums of the counts, each round kept."""
+
+    def median(key: str) -> float | None:
+        values = [run[key] for run in runs if run[key] is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "events": sum(run["events"] for run in runs),
+        "events_per_s": median("events_per_s"),
+        "e2e_p50_s": median("e2e_p50_s"),
+        "e2e_p99_s": median("e2e_p99_s"),
+        "lost": sum(run["lost"] for run in runs),
+        "duplicated": sum(run["duplicated"] for run in runs),
+        "offered_rate": runs[0]["offered_rate"],
+        "achieved_rate": median("achieved_rate"),
+        "mean_event_bytes": runs[0]["mean_event_bytes"],
+        "rounds": runs,
+    }
 
 
 def _has_crc32c() -> bool:
@@ -394,8 +427,9 @@ def format_report(report: dict) -> str:
         lines.append(f"faust on S3 / on local disk throughput: {s['s3_over_local_throughput']:.2f}")
     if "faust_over_kdi_throughput" in s:
         lines.append(f"faust / kafka-delta-ingest throughput: {s['faust_over_kdi_throughput']:.2f}")
+    lines.append("faust / bare per round: " + ", ".join(f"{r:.2f}" for r in s["faust_over_bare_per_round"]))
     lines.append(
-        f"faust / bare throughput: {s['faust_over_bare_throughput']:.2f}; fleet supported at "
+        f"faust / bare throughput (medians): {s['faust_over_bare_throughput']:.2f}; fleet supported at "
         f"{s['client_steps_per_s']:g} steps/s per client: {s['fleet_size_supported']} clients"
     )
     lines.append("targets: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items()))
