@@ -35,7 +35,7 @@ WINDOW = 50  # model episodes per task the live success is measured over
 MIN_EPISODES = 10  # fewer than this: not measured yet
 NEAR_MISS_VERIFIED = 0.8  # a failure whose steps were verified at least this often came close
 MAX_SOLVED_SEEDS = 100_000  # (task, seed) pairs remembered as solved, oldest forgotten first
-MAX_SEEN = 100_000  # episode ids a partition remembers, so that a re-emitted episode counts once (it follows soon)
+MAX_SEEN = 10_000  # episode ids a partition remembers, so that a re-emitted episode counts once (it follows soon)
 NOT_THE_POLICY = ("error", "abandoned")  # endings that say nothing about the policy: not curated, not its live success
 
 
@@ -86,11 +86,13 @@ class PartitionMemory:
     def observe(self, offset: int, row: dict) -> None:
         """An episode (a row of HISTORY_COLUMNS) at `offset`, after every one before it."""
         self.through = offset
-        if row["termination"] in NOT_THE_POLICY or row["episode_id"] in self.seen:
+        if row["episode_id"] in self.seen:
             return
-        self.seen[row["episode_id"]] = None
+        self.seen[row["episode_id"]] = None  # the first copy is the one the table keeps, whatever its ending
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
+        if row["termination"] in NOT_THE_POLICY:
+            return
         self.live.observe(row["task"], row["seed"], bool(row["success"]), row["policy"])
 
     def curate(self, offset: int, episode: EpisodeEvent) -> Curated | None:
@@ -144,28 +146,37 @@ class CurationHistory:
         self.judged_at = self.sink.version()
         if self.judged_at != self.version:
             self.memory.clear()
+        judged: dict[int, dict[int, EpisodeEvent]] = defaultdict(dict)  # a repeated offset: its last copy, as the
+        for partition, offset, episode in batch:  # reference keeps
+            judged[partition][offset] = episode
         decisions: dict[tuple[int, int], Curated | None] = {}
-        for partition, offset, episode in sorted(batch, key=lambda entry: entry[:2]):
+        for partition, episodes in judged.items():
             memory = self.memory.get(partition)
-            if memory is None or offset <= memory.through:
-                memory = self.memory[partition] = self._read(partition, below=offset)
-            decisions[(partition, offset)] = memory.curate(offset, episode)
+            if memory is None or min(episodes) <= memory.through:  # stale: the partition's rows and the batch merged
+                memory = self.memory[partition] = PartitionMemory()
+                entries = {row["kafka_offset"]: row for row in self._rows(partition)}
+                entries.update(episodes)
+            else:
+                entries = episodes
+            for offset in sorted(entries):
+                if offset in episodes:
+                    decisions[(partition, offset)] = memory.curate(offset, episodes[offset])
+                else:
+                    memory.observe(offset, entries[offset])
         return [decisions[(partition, offset)] for partition, offset, _ in batch]
 
     def committed(self) -> None:
         """The batch's episodes are in the table: the memories hold if that commit followed the version judged at."""
-        written = self.sink.written_version
-        self.version = written if written is not None and written == self.judged_at + 1 else None
+        written, judged_at = self.sink.written_version, self.judged_at
+        self.version = written if None not in (written, judged_at) and written == judged_at + 1 else None
+        self.judged_at = None
 
-    def _read(self, partition: int, below: int) -> PartitionMemory:
+    def _rows(self, partition: int) -> list[dict]:
+        """The partition's rows in `episodes` (HISTORY_COLUMNS)."""
         import pyarrow.compute as pc
 
-        where = (pc.field("kafka_partition") == partition) & (pc.field("kafka_offset") < below)
-        rows = self.sink.read(HISTORY_COLUMNS, where, {}).sort_by("kafka_offset").to_pylist()
-        memory = PartitionMemory()
-        for row in rows:
-            memory.observe(row["kafka_offset"], row)
-        return memory
+        where = pc.field("kafka_partition") == partition
+        return self.sink.read(HISTORY_COLUMNS, where, {"kafka_partition": (partition, partition)}).to_pylist()
 
 
 def _judge(episode: EpisodeEvent, live: LiveSuccess) -> Curated | None:

@@ -84,7 +84,8 @@ def episode_records(
             dead.append((message, error))
             decoded.append((message, None))
     valid = [(m.partition, m.offset, e) for m, e in decoded if e is not None]
-    curated = iter((curate or (lambda batch: curate_batch(batch, [])))(valid) if valid else [])
+    # Called for an empty batch too: a CurationHistory notes the version each batch was judged at.
+    curated = iter((curate or (lambda batch: curate_batch(batch, [])))(valid))
     for message, episode in decoded:
         at = (message.topic, message.partition, message.offset)
         if episode is None:

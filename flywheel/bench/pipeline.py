@@ -90,6 +90,8 @@ class BenchConfig:
     (`kdi`); empty: not run."""
 
     def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"--rounds {self.rounds}: at least 1")
         if self.kdi_binary and not (os.path.isfile(self.kdi_binary) and os.access(self.kdi_binary, os.X_OK)):
             raise ValueError(f"--kdi-binary {self.kdi_binary!r} is not an executable file")
 
