@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,15 +40,20 @@ def _listdir(path: str) -> list[str]:
         return []  # the process ended meanwhile
 
 
+FLYWHEEL = (sys.executable, "-m", "flywheel.cli")
+
+
 class Child:
+    """`program args` (by default `flywheel args`) in a process group of its own, logged to log_dir/<name>.log."""
+
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 cpus: set[int] | None = None, cwd: Path | None = None):  # fmt: skip
+                 cpus: set[int] | None = None, cwd: Path | None = None, program: Sequence[str] = FLYWHEEL):  # fmt: skip
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flywheel.cli", *args],
+            [*program, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

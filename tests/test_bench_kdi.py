@@ -1,6 +1,6 @@
 """kafka-delta-ingest's mode of the pipeline bench, the parts that need no build of it: the steps it reads (JSON),
-the table it appends to (created with the schema of that JSON), its command line, the process wrapper, and the
-refusal of a binary that is not one."""
+the table it appends to (created with the schema of that JSON), its command line, its process (core.processes.Child
+running another program), and the refusal of a binary that is not one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import msgspec
 import pyarrow.json as pa_json
 from deltalake import write_deltalake
 
-from flywheel.bench.kdi import KdiProcess, create_table, json_step, kdi_command, kdi_schema
+from core.processes import Child
+from flywheel.bench.kdi import create_table, json_step, kdi_command, kdi_schema
 from flywheel.bench.synthetic import bench_step, render_screens
 from lake.tables import open_table
 from schemas import Action, Verify
@@ -63,7 +64,7 @@ def test_the_process_wrapper_reports_stops_and_tails(tmp_path):
     script = tmp_path / "stand-in"
     script.write_text("#!/bin/sh\necho started\nexec sleep 60\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    process = KdiProcess([str(script)], tmp_path / "logs" / "kdi.log")
+    process = Child("kafka-delta-ingest", [], tmp_path / "logs", program=[str(script)])
     deadline = time.monotonic() + 10
     while "started" not in process.tail() and time.monotonic() < deadline:
         time.sleep(0.05)

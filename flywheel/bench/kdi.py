@@ -12,9 +12,6 @@ beforehand with the schema of that JSON. Its batches follow our rule: 2,000 mess
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections import deque
 from pathlib import Path
 
 import msgspec
@@ -25,7 +22,6 @@ from deltalake import write_deltalake
 from schemas import StepEvent
 
 STEP_JSON = msgspec.json.Encoder()
-TAIL_LINES = 40
 
 
 def json_step(step: StepEvent) -> bytes:
@@ -74,31 +70,3 @@ def kdi_command(binary: str, topic: str, table_path: Path, bootstrap: str, batch
         "--max_messages_per_batch", str(batch_max),
         "--min_bytes_per_file", "1",
     ]  # fmt: skip
-
-
-class KdiProcess:
-    """kafka-delta-ingest as the bench's consumer (`running`, `tail`, `stop`, as core.processes.Child)."""
-
-    def __init__(self, command: list[str], log_path: Path):
-        self.name = "kafka-delta-ingest"
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "RUST_LOG": "warn"})  # fmt: skip
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def tail(self) -> str:
-        with self.log_path.open(errors="replace") as log:
-            return "".join(deque(log, TAIL_LINES))
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.running():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
