@@ -78,6 +78,8 @@ class ChaosConfig:
     """How long a cut client is cut off from every broker node."""
     warmup_s: float = 240.0
     """No strike before this: the experts' demonstrations land and the learner publishes a first version."""
+    settle_s: float = 20.0
+    """A strike waits at least this after its slot opens: the previous fault's recovery settles first."""
     recover_s: float = 60.0
     """The schedule leaves at least this between a strike and the next (its slot's end)."""
     recover_timeout_s: float = 600.0
@@ -163,7 +165,13 @@ def run_chaos(config: ChaosConfig, settings: Settings) -> dict:
     (config.run.out / "ledgers").mkdir(exist_ok=True)
     faults = tuple(f for f in config.faults.split(",") if f)
     schedule = make_schedule(
-        config.run.minutes, config.seed, config.strikes, faults, warmup_s=config.warmup_s, recover_s=config.recover_s
+        config.run.minutes,
+        config.seed,
+        config.strikes,
+        faults,
+        warmup_s=config.warmup_s,
+        settle_s=config.settle_s,
+        recover_s=config.recover_s,
     )
     home = config.run.out / "home"
     nodes, listeners = 3, config.run.clients
