@@ -26,6 +26,12 @@ from dataclasses import dataclass, field
 from faust.types import EventT
 
 
+def ack_each(events: list[EventT]) -> None:
+    """faust events: acked once written, so faust commits their offsets."""
+    for event in events:
+        event.ack()
+
+
 def batch_due(size: int, age_s: float, max_size: int, max_age_s: float, early_size: int, early_age_s: float) -> bool:
     """Full, as old as the age, or busy enough to go early (early_size 0: never)."""
     return size >= max_size or (size > 0 and (age_s >= max_age_s or (0 < early_size <= size and age_s >= early_age_s)))
@@ -39,6 +45,7 @@ class Batcher:
     max_age_s: float = 1.0
     early_size: int = 0  # 0: never early
     early_age_s: float = 0.0
+    acknowledge: Callable[[list], None] = ack_each  # once written (plain records: their offsets are in the commit)
     events: list[EventT] = field(default_factory=list)  # the batch filling, not yet being written
     first_at: float = 0.0
     writing: asyncio.Task | None = None  # the batch being written, at most one
@@ -52,14 +59,22 @@ class Batcher:
         return self.writing is not None and not self.writing.done()
 
     async def add(self, event: EventT) -> None:
+        await self.extend([event])
+
+    async def extend(self, events: list) -> None:
+        """Add events (a whole fetch at most `room()` long); wait only while a full batch is queued behind a write."""
         self.raise_if_failed()
-        if not self.events:
+        if events and not self.events:
             self.first_at = time.monotonic()
-        self.events.append(event)
+        self.events += events
         while len(self.events) >= self.max_size and self.busy():
             await asyncio.shield(self.writing)  # backpressure: one full batch behind the write is enough
         self.raise_if_failed()
         self.start_write_if_due()
+
+    def room(self) -> int:
+        """Events the filling batch still takes before it is full."""
+        return max(0, self.max_size - len(self.events))
 
     async def flush_if_due(self) -> None:
         """Called by a timer, so a quiet stream still flushes its last events."""
@@ -88,8 +103,7 @@ class Batcher:
             self.failed = error
             self.on_failure(error)
             return
-        for event in events:
-            event.ack()
+        self.acknowledge(events)
         self.writing = None
         self.start_write_if_due()  # the batch that filled meanwhile may be due already
 

@@ -1,5 +1,6 @@
-"""The faust worker: two short agents that route batches through the functions of processors.messages,
-processors.assembly and processors.scoring into the Delta sinks of processors.delta_sink.
+"""The worker: the steps stream (a plain consumer taking whole fetches, processors.steps_stream) and a faust agent
+for episodes, routing batches through the functions of processors.messages, processors.assembly and
+processors.scoring into the Delta sinks of processors.delta_sink.
 
   steps topic ──▶ ingest_steps ──▶ Delta `steps`            (bad events ──▶ dead-letter topic)
                        └── assembly + scoring ──▶ episodes topic ──▶ sink_episodes ──▶ Delta `episodes`,
@@ -30,6 +31,7 @@ from processors.delta_sink import DeltaSink, Record
 from processors.faust_app import app_topics, make_app
 from processors.lag import LagExporter
 from processors.messages import BATCH_MAX, dead_among, dead_letter_headers, episode_records, step_records
+from processors.steps_stream import StepsStream
 from processors.worker_config import WorkerConfig
 from schemas import encode_event
 
@@ -40,9 +42,9 @@ IDLE_CHECK_S = 5.0  # how often partitions gone quiet are checked for episodes t
 
 
 def crash(error: BaseException) -> None:
-    """A batch could not be written: exit at once, acking nothing. faust would restart only the agent
-    and carry on past the lost batch; a new process restarts from Kafka's committed offsets instead,
-    and the Delta offsets drop what was already written."""
+    """A batch could not be written, or the steps stream stopped: exit at once, acking nothing. faust would restart
+    only the agent and carry on past the lost batch; a new process reads again from what the tables hold instead
+    (steps from their Delta offsets; episodes from Kafka's committed offsets, the Delta offsets dropping repeats)."""
     log.critical("batch write failed, exiting so the batch is re-delivered: %r", error)
     logging.shutdown()
     os._exit(70)
@@ -53,12 +55,6 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
     topics = app_topics(app, settings)
     batchers: list[Batcher] = []
     assembler = EpisodeAssembler(settings.tables_dir, config.abandon_after_s, on_late=metrics.LATE_STEPS.inc)
-
-    @app.on_partitions_assigned.connect
-    async def forget_lost_partitions(_app, assigned, **_kwargs) -> None:
-        # The assignment is whole: what assembly holds of any other partition is stale from here on.
-        steps_topic = topics["steps"].get_topic_name()
-        assembler.assign(tp.partition for tp in assigned if tp.topic == steps_topic)
 
     assembly_turn = asyncio.Lock()  # assembly runs in a thread: one batch or tick at a time
 
@@ -92,13 +88,13 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
             metrics.DEAD_LETTERS.labels(error.reason).inc()
         return sent
 
-    @app.agent(topics["steps"])
-    async def ingest_steps(stream):
+    @app.task
+    async def ingest_steps():
         sink = DeltaSink(settings.tables_dir, STEPS)
         step_ids = RecentIds(sink, config.dedup_window_s)
 
         async def write_steps(events) -> None:
-            batch = step_records((event.message for event in events), config.max_screenshot_bytes)
+            batch = step_records(events, config.max_screenshot_bytes)
             fresh = batch.keep_only(await asyncio.to_thread(step_ids.fresh, batch.records))
             # Dead letters and finished episodes reach Kafka before the commit (faust's send only buffers,
             # so wait for delivery): a crash in between re-sends them (the episodes sink drops repeats)
@@ -117,10 +113,17 @@ def build_app(settings: Settings, config: WorkerConfig) -> faust.App:
             metrics.EVENTS.labels("steps", "dead_letter").inc(len(fresh.dead))
             metrics.EVENTS.labels("steps", "duplicate").inc(len(events) - len(fresh.steps) - len(fresh.dead))
 
-        batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S)
+        batcher = Batcher(write_steps, crash, BATCH_MAX, BATCH_WITHIN_S, BATCH_EARLY, BATCH_EARLY_S,
+                          acknowledge=lambda records: None)  # fmt: skip
         batchers.append(batcher)
-        async for event in stream.noack().events():
-            await batcher.add(event)
+        # The assignment is whole: what assembly holds of any other partition is stale from here on.
+        stream = StepsStream(settings, batcher, assembler.assign)
+        try:
+            await stream.run()
+        except asyncio.CancelledError:
+            raise  # the worker stops
+        except Exception as error:  # a stream that stopped reading must not leave a worker that looks alive
+            crash(error)
 
     @app.agent(topics["episodes"])
     async def sink_episodes(stream):

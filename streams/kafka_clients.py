@@ -52,16 +52,21 @@ def hide_secret_in_logs(settings: Settings) -> None:
             logging.getLogger(name).addFilter(_RedactSecret(secret))
 
 
+def sasl_options(settings: Settings) -> dict[str, Any]:
+    """SASL keyword arguments, the same for kafka-python and aiokafka ({} without SASL; the password goes only here)."""
+    if not settings.uses_sasl:
+        return {}
+    hide_secret_in_logs(settings)
+    return {
+        "sasl_mechanism": settings.sasl_mechanism,
+        "sasl_plain_username": settings.sasl_username,
+        "sasl_plain_password": settings.sasl_password.get_secret_value(),
+    }
+
+
 def security_options(settings: Settings) -> dict[str, Any]:
-    """kafka-python keyword arguments for settings.security_protocol (the password only ever goes here)."""
-    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
-    if settings.uses_sasl:
-        hide_secret_in_logs(settings)
-        options |= {
-            "sasl_mechanism": settings.sasl_mechanism,
-            "sasl_plain_username": settings.sasl_username,
-            "sasl_plain_password": settings.sasl_password.get_secret_value(),
-        }
+    """kafka-python keyword arguments for settings.security_protocol."""
+    options: dict[str, Any] = {"security_protocol": settings.security_protocol, **sasl_options(settings)}
     if settings.uses_ssl:
         options |= {
             "ssl_cafile": _str_or_none(local_cafile(settings)),

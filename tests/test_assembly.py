@@ -262,15 +262,41 @@ def outcome_labels(outcome: str) -> dict[str, str]:
     return {"task": "click-test", "outcome": outcome, "model_version": "expert"}
 
 
-def test_the_worker_tells_assembly_its_steps_partitions_after_a_rebalance_and_counts_late_steps(tmp_path, monkeypatch):
-    from faust.types import TP
+def test_the_steps_stream_tells_assembly_its_partitions_reads_on_from_delta_and_writes_out_what_it_gives_up(tmp_path):
+    from aiokafka import TopicPartition as TP
 
+    from core.settings import Settings
+    from lake.tables import STEPS
+    from processors.batching import Batcher
+    from processors.delta_sink import DeltaSink, Record
+    from processors.steps_stream import StepsStream
+
+    settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p")
+    DeltaSink(settings.tables_dir, STEPS).append([Record("p.steps", 2, 7, [])])  # partition 2 written to offset 7
+    told, written, seeks = [], [], {}
+
+    async def write(records) -> None:
+        written.append(list(records))
+
+    async def run() -> None:
+        batcher = Batcher(write, lambda error: None, max_size=10, max_age_s=60, acknowledge=lambda records: None)
+        stream = StepsStream(settings, batcher, lambda partitions: told.append(sorted(partitions)))
+        stream.consumer.seek = lambda tp, offset: seeks.__setitem__(tp.partition, offset)
+        await stream.on_partitions_assigned({TP("p.steps", 2), TP("p.steps", 0)})
+        await batcher.extend(["a", "b"])
+        assert written == []  # not due yet
+        await stream.on_partitions_revoked({TP("p.steps", 2)})
+
+    asyncio.run(run())
+    assert told == [[0, 2]] and seeks == {0: 0, 2: 8}
+    assert written == [["a", "b"]]  # in the table before the partition moves
+
+
+def test_the_worker_counts_late_steps_and_abandons_after_its_setting(tmp_path, monkeypatch):
     from core.settings import Settings
     from processors import worker
 
-    told: list[list[int]] = []
     built: list[EpisodeAssembler] = []
-    monkeypatch.setattr(EpisodeAssembler, "assign", lambda self, partitions: told.append(sorted(partitions)))
 
     def build(*args, **kwargs) -> EpisodeAssembler:
         built.append(EpisodeAssembler(*args, **kwargs))
@@ -278,9 +304,7 @@ def test_the_worker_tells_assembly_its_steps_partitions_after_a_rebalance_and_co
 
     monkeypatch.setattr(worker, "EpisodeAssembler", build)
     settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p")
-    app = worker.build_app(settings, WorkerConfig(abandon_after_s=42))
-    asyncio.run(app.on_partitions_assigned.send({TP("p.steps", 2), TP("p.episodes", 1), TP("p.steps", 0)}))
-    assert told == [[0, 2]]
+    worker.build_app(settings, WorkerConfig(abandon_after_s=42))
     (assembler,) = built
     before = REGISTRY.get_sample_value("flywheel_processor_late_steps_total")
     assembler.on_late(2)

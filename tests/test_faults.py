@@ -38,6 +38,7 @@ from lake.tables import EPISODES, STEPS, TRAINING_SAMPLES, open_table, table_uri
 from processors.compare import compare_tables
 from processors.delta_sink import app_id
 from processors.replay import replay
+from processors.steps_stream import steps_group
 from processors.worker_config import WorkerConfig
 from schemas import encode_event
 from streams.broker import local_broker
@@ -317,7 +318,7 @@ def test_the_object_store_down_for_30_s_mid_stream_loses_and_duplicates_nothing(
 
 def test_two_workers_one_killed_the_other_takes_over(pipeline):
     assert pipeline.settings.topic_partitions >= 4
-    group = f"{pipeline.settings.topic_prefix}-flywheel-processors"
+    group = steps_group(pipeline.settings)
     survivor = pipeline.start_worker()
     victim = pipeline.start_worker()
 

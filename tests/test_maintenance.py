@@ -301,7 +301,8 @@ def test_maintain_command_once(tmp_path):
 @pytest.mark.kafka
 def test_exactly_once_across_maintenance_and_a_full_redelivery(stack, tmp_path):
     """The worker commits while maintenance compacts, vacuums and checkpoints its tables; then it restarts with its
-    Kafka group deleted, so the whole log is delivered again: the offsets in the compacted tables drop all of it,
+    Kafka group deleted, so the whole episodes log is delivered again and the steps stream reads on from the offsets
+    in the compacted steps table: the offsets drop every repeat,
     the new events land once, the learner's lineage reads as before, and a replay rebuilds the tables."""
     from streams.kafka_clients import make_admin
     from tests.test_faults import FAST_FAILOVER, Pipeline, Producer, episodes, produce_now

@@ -3,11 +3,11 @@
 Two consumers of the same steps, each on its own fresh topics and tables, one after the other, once per round
 (`--rounds`, alternating order; the figures are medians over the rounds, each round kept in the JSON):
 
-* `faust`: the real worker (`flywheel process`): steps -> Delta `steps`, plus episode assembly,
-  scoring, the episodes topic and the `episodes` / `training_samples` tables.
+* `worker`: the real worker (`flywheel process`): steps -> Delta `steps` with de-duplication, plus episode
+  assembly, scoring, the episodes topic and the `episodes` / `training_samples` tables.
 * `bare_consumer`: a plain kafka-python consumer (`flywheel bench bare-consumer`) appending the same
   batches (same size/age rule) to Delta through the same DeltaSink (same offsets-in-the-commit scheme),
-  so the difference is what faust and the rest of the pipeline cost.
+  so the difference is what the rest of the pipeline costs.
 
 Each runs two phases on realistic steps (160x210 PNG screens drawn like MiniWoB tasks, ~5 KB, as the
 edge clients send them):
@@ -22,8 +22,8 @@ Lost (produced and acknowledged, never in Delta) and duplicated (rows beyond one
 counted over both phases. Writes DIR/pipeline_bench.json and prints a table.
 
 With `--kdi-binary PATH`, kafka-delta-ingest (flywheel.bench.kdi) runs the same two phases on the same steps as JSON.
-With `--s3-data-dir s3://bucket/prefix` a third run, `faust_s3`, is the same worker with its tables on the object store
-(the local S3Proxy, started for it): its events/s against `faust`'s on local disk, side by side. A commit's
+With `--s3-data-dir s3://bucket/prefix` a third run, `worker_s3`, is the same worker with its tables on the object store
+(the local S3Proxy, started for it): its events/s against `worker`'s on local disk, side by side. A commit's
 visibility there is its log object's write time, read from S3Proxy's filesystem backend (S3's LastModified has
 whole seconds only).
 """
@@ -63,7 +63,7 @@ from streams.kafka_clients import make_consumer, make_producer
 from streams.topics import topics_for
 
 log = logging.getLogger(__name__)
-MODES = ("faust", "bare_consumer")
+MODES = ("worker", "bare_consumer")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class BenchConfig:
     """Every mode once per round, in alternating order; events/s and latencies are medians over the rounds (this
     shared VM's speed drifts by tens of percent between minutes), lost and duplicated add up."""
     s3_data_dir: str = ""
-    """An s3://bucket/prefix: also run the faust worker with its tables there (`faust_s3`); empty: local only."""
+    """An s3://bucket/prefix: also run the worker with its tables there (`worker_s3`); empty: local only."""
     kdi_binary: str = ""
     """kafka-delta-ingest's executable, built by hand (flywheel.bench.kdi): also run it on the same steps as JSON
     (`kdi`); empty: not run."""
@@ -222,13 +222,13 @@ def phase_stats(rows: dict[str, list[tuple[float, float]]], event_ids: list[str]
 # --- the two consumers --------------------------------------------------------------------------------------------
 
 
-CONSUMER_ARGS = {"faust": ("process",), "bare_consumer": ("bench", "bare-consumer")}  # `flywheel <args>` of each
+CONSUMER_ARGS = {"worker": ("process",), "bare_consumer": ("bench", "bare-consumer")}  # `flywheel <args>` of each
 ENCODINGS = {"kdi": kdi.json_step}  # the modes whose consumer reads another encoding than the events' own
 
 
 def run_bare_consumer(settings: Settings) -> None:
     """The baseline: a bare kafka-python consumer, no group, every steps partition assigned, resuming after the
-    offsets in the Delta table; batches due by the faust sink's rule (processors.batching.batch_due)."""
+    offsets in the Delta table; batches due by the worker's rule (processors.batching.batch_due)."""
     from processors.batching import batch_due
     from processors.delta_sink import DeltaSink
     from processors.messages import step_records
@@ -272,7 +272,7 @@ def run_bare_consumer(settings: Settings) -> None:
 def run_mode(mode: str, config: BenchConfig, base: Settings, screens: list[bytes], round_: int = 0) -> dict:
     # Fresh topics and tables per mode and round; the consumer starts only once the backlog is in.
     data_dir = config.out / "data" / f"{mode}-{round_}"
-    if mode == "faust_s3":
+    if mode == "worker_s3":
         base = base.model_copy(update={"data_dir": config.s3_data_dir})  # a prefix of the run's own under it
     with local_stack(base, config.out / "logs", run=f"bench-{mode}", data_dir=data_dir, worker=False) as stack:
         settings, tables = stack.settings, stack.settings.tables_dir
@@ -329,45 +329,45 @@ def run_bench(config: BenchConfig, settings: Settings) -> dict:
     config.out.mkdir(parents=True, exist_ok=True)
     screens = render_screens()
     report: dict = {"machine": machine()}
-    modes = MODES + (("faust_s3",) if config.s3_data_dir else ()) + (("kdi",) if config.kdi_binary else ())
+    modes = MODES + (("worker_s3",) if config.s3_data_dir else ()) + (("kdi",) if config.kdi_binary else ())
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     with local_stack(settings, config.out / "logs", worker=False) as stack:  # one broker for every mode
         for round_ in range(config.rounds):
             for mode in modes if round_ % 2 == 0 else modes[::-1]:
                 runs[mode].append(run_mode(mode, config, stack.settings, screens, round_))
     report |= {mode: over_rounds(runs[mode]) for mode in modes}
-    faust, bare = report["faust"], report["bare_consumer"]
-    ratio = faust["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
+    worker, bare = report["worker"], report["bare_consumer"]
+    ratio = worker["events_per_s"] / bare["events_per_s"] if bare["events_per_s"] else 0.0
     report["summary"] = {
-        "faust_over_bare_throughput": round(ratio, 3),
-        "faust_over_bare_per_round": [
+        "worker_over_bare_throughput": round(ratio, 3),
+        "worker_over_bare_per_round": [
             round(f["events_per_s"] / b["events_per_s"], 3) if b["events_per_s"] else 0.0
-            for f, b in zip(runs["faust"], runs["bare_consumer"], strict=True)
+            for f, b in zip(runs["worker"], runs["bare_consumer"], strict=True)
         ],  # fmt: skip
         "client_steps_per_s": config.client_steps_per_s,
-        "fleet_size_supported": int(faust["events_per_s"] // config.client_steps_per_s),
+        "fleet_size_supported": int(worker["events_per_s"] // config.client_steps_per_s),
         "cpus": os.cpu_count(),
         "steps_per_episode": config.steps_per_episode,
         "mean_screenshot_bytes": round(sum(map(len, screens)) / len(screens)),
         "crc32c_extension": _has_crc32c(),
         "targets": {
             "throughput_ratio>=0.8": ratio >= 0.8,  # the bare consumer's pace, de-duplication and all
-            "faust_e2e_p99_s<=1": faust["e2e_p99_s"] is not None and faust["e2e_p99_s"] <= 1.0,
-            "faust_events_per_s>=1000": faust["events_per_s"] >= 1000,
+            "worker_e2e_p99_s<=1": worker["e2e_p99_s"] is not None and worker["e2e_p99_s"] <= 1.0,
+            "worker_events_per_s>=1000": worker["events_per_s"] >= 1000,
             "lost==0_and_duplicated==0": all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in modes),
         },
     }
     if "kdi" in report:
-        over_kdi = faust["events_per_s"] / report["kdi"]["events_per_s"] if report["kdi"]["events_per_s"] else 0.0
-        report["summary"]["faust_over_kdi_throughput"] = round(over_kdi, 3)
-        report["summary"]["targets"]["faust_over_kdi>=1.0"] = over_kdi >= 1.0
-    if "faust_s3" in report:
-        on_s3 = report["faust_s3"]
-        s3_ratio = on_s3["events_per_s"] / faust["events_per_s"] if faust["events_per_s"] else 0.0
+        over_kdi = worker["events_per_s"] / report["kdi"]["events_per_s"] if report["kdi"]["events_per_s"] else 0.0
+        report["summary"]["worker_over_kdi_throughput"] = round(over_kdi, 3)
+        report["summary"]["targets"]["worker_over_kdi>=1.0"] = over_kdi >= 1.0
+    if "worker_s3" in report:
+        on_s3 = report["worker_s3"]
+        s3_ratio = on_s3["events_per_s"] / worker["events_per_s"] if worker["events_per_s"] else 0.0
         report["summary"]["s3_over_local_throughput"] = round(s3_ratio, 3)
         report["summary"]["targets"] |= {
             "s3_over_local_throughput>=0.7": s3_ratio >= 0.7,
-            "faust_s3_e2e_p99_s<=2": on_s3["e2e_p99_s"] is not None and on_s3["e2e_p99_s"] <= 2.0,
+            "worker_s3_e2e_p99_s<=2": on_s3["e2e_p99_s"] is not None and on_s3["e2e_p99_s"] <= 2.0,
         }
     (config.out / "pipeline_bench.json").write_text(json.dumps(report, indent=2))
     print(format_report(report))
@@ -416,7 +416,7 @@ def format_report(report: dict) -> str:
         ("lost", "lost"),
         ("duplicated", "duplicated"),
     ]
-    modes = [m for m in (*MODES, "faust_s3", "kdi") if m in report]
+    modes = [m for m in (*MODES, "worker_s3", "kdi") if m in report]
     lines = [f"{'':30s}" + "".join(f" {m:>16s}" for m in modes)]
     for label, key in rows:
         if key is None:
@@ -426,12 +426,12 @@ def format_report(report: dict) -> str:
         lines.append(f"{label:30s}" + "".join(f" {v:>16s}" for v in values))
     s = report["summary"]
     if "s3_over_local_throughput" in s:
-        lines.append(f"faust on S3 / on local disk throughput: {s['s3_over_local_throughput']:.2f}")
-    if "faust_over_kdi_throughput" in s:
-        lines.append(f"faust / kafka-delta-ingest throughput: {s['faust_over_kdi_throughput']:.2f}")
-    lines.append("faust / bare per round: " + ", ".join(f"{r:.2f}" for r in s["faust_over_bare_per_round"]))
+        lines.append(f"worker on S3 / on local disk throughput: {s['s3_over_local_throughput']:.2f}")
+    if "worker_over_kdi_throughput" in s:
+        lines.append(f"worker / kafka-delta-ingest throughput: {s['worker_over_kdi_throughput']:.2f}")
+    lines.append("worker / bare per round: " + ", ".join(f"{r:.2f}" for r in s["worker_over_bare_per_round"]))
     lines.append(
-        f"faust / bare throughput (medians): {s['faust_over_bare_throughput']:.2f}; fleet supported at "
+        f"worker / bare throughput (medians): {s['worker_over_bare_throughput']:.2f}; fleet supported at "
         f"{s['client_steps_per_s']:g} steps/s per client: {s['fleet_size_supported']} clients"
     )
     lines.append("targets: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items()))
@@ -441,4 +441,4 @@ def format_report(report: dict) -> str:
 def command(config: BenchConfig, settings: Settings) -> int:
     """`flywheel bench pipeline`: exit 1 when either side lost or duplicated an event."""
     report = run_bench(config, settings)
-    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("faust", "bare_consumer")) else 1
+    return 0 if all(report[m]["lost"] == 0 and report[m]["duplicated"] == 0 for m in ("worker", "bare_consumer")) else 1
