@@ -138,7 +138,7 @@ def test_the_continuous_demo_publishes_versions_while_the_fleet_keeps_acting(s3_
     broker_env = {k: v for k, v in settings_env(secure).items() if k.removeprefix("FLYWHEEL_") in BROKER_VARIABLES}
     out = tmp_path / "demo"
     # A fresh small model (--recipe demo --start-from ''); the start from the release: test_learner_daemon.
-    args = ["--minutes", "2", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
+    args = ["--minutes", "1.75", "--clients", "1", "--tasks", "click-test,click-button", "--min-demos", "6",
             "--sft-steps", "15", "--every-episodes", "8", "--every-minutes", "0.2", "--min-new-episodes", "4",
             "--offline-steps", "3", "--repeats", "3", "--temperature", "1.0", "--greedy-episodes", "3",
             "--retrain-steps", "5", "--retrain-passes", "0", "--rl-updates-per-retrain", "1", "--machines",
