@@ -104,8 +104,9 @@ class EpisodeAssembler:
         return [episode for partition, part in by_partition.items() for episode in self.observe(part, partition)]
 
     def assign(self, partitions: Iterable[int]) -> None:
-        """The steps partitions this worker holds after a rebalance (all of them: faust's assignment is whole). What
-        it held of others is another worker's now, and stale should they come back: forgotten at the next batch."""
+        """The steps partitions this worker holds after a rebalance (all of them: the group's eager rebalancing assigns
+        whole). What it held of others is another worker's now, and stale should they come back: forgotten at the next
+        batch."""
         with self._lock:
             self._assigned = set(partitions)
 

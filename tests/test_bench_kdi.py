@@ -54,8 +54,10 @@ def test_a_steps_json_fills_the_table_created_for_it_field_for_field(tmp_path):
 
 def test_its_command_line_keeps_our_batch_rule(tmp_path):
     command = kdi_command("/opt/kdi", "p.steps", tmp_path / "steps", "127.0.0.1:9092", 2000)
-    flags = dict(zip(command[4::2], command[5::2], strict=True))
-    assert command[:4] == ["/opt/kdi", "ingest", "p.steps", str(tmp_path / "steps")]
+    assert command[:5] == ["/opt/kdi", "ingest", "p.steps", str(tmp_path / "steps"), "--checkpoints"]
+    flags = dict(zip(command[5::2], command[6::2], strict=True))
+    settings = [value for flag, value in zip(command[5::2], command[6::2], strict=True) if flag == "-K"]
+    assert settings == [f"max.partition.fetch.bytes={32 * 1024 * 1024}", "fetch.wait.max.ms=100"]  # our fetches
     assert flags["--max_messages_per_batch"] == "2000" and flags["--allowed_latency"] == "1"
     assert flags["--kafka"] == "127.0.0.1:9092" and flags["--auto_offset_reset"] == "earliest"
 

@@ -19,6 +19,7 @@ import msgspec.inspect
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from processors.steps_stream import FETCH_MAX_WAIT_MS, MAX_PARTITION_FETCH_BYTES
 from schemas import StepEvent
 
 STEP_JSON = msgspec.json.Encoder()
@@ -59,9 +60,11 @@ def create_table(table_path: Path, schema: pa.Schema) -> None:
 
 def kdi_command(binary: str, topic: str, table_path: Path, bootstrap: str, batch_max: int) -> list[str]:
     """Its command line: our batch rule (batch_max messages or 1 s; files never held back for size), its offsets
-    from the table's transactions under one app id, the backlog from the earliest offset."""
+    from the table's transactions under one app id, the backlog from the earliest offset, and our steps stream's
+    fetches (librdkafka's default of 1 MiB a partition held it to ~200 screenshot-sized steps a fetch)."""
     return [
         binary, "ingest", topic, str(table_path),
+        "--checkpoints",  # a checkpoint every 10th commit: without one, each commit reads the whole growing log
         "--kafka", bootstrap,
         "--consumer_group", "flywheel-bench-kdi",
         "--app_id", "flywheel-bench-kdi",
@@ -69,4 +72,6 @@ def kdi_command(binary: str, topic: str, table_path: Path, bootstrap: str, batch
         "--allowed_latency", "1",
         "--max_messages_per_batch", str(batch_max),
         "--min_bytes_per_file", "1",
+        "-K", f"max.partition.fetch.bytes={MAX_PARTITION_FETCH_BYTES}",
+        "-K", f"fetch.wait.max.ms={FETCH_MAX_WAIT_MS}",
     ]  # fmt: skip
