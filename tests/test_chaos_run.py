@@ -24,8 +24,8 @@ def test_a_short_chaos_run_loses_nothing_and_recovers_from_every_fault(tmp_path:
     run = chaos_run()
     fleet = replace(run.fleet, tasks=("click-test", "click-button-sequence"))  # two-step episodes to be killed in
     worker = replace(run.worker, abandon_after_s=20.0)  # the killed clients' episodes close within the run
-    run = replace(run, minutes=2.75, out=tmp_path / "chaos", fleet=fleet, worker=worker)
-    config = ChaosConfig(run, seed=3, strikes=1, warmup_s=40, settle_s=10, recover_s=20, faults=faults)
+    run = replace(run, minutes=2.5, out=tmp_path / "chaos", fleet=fleet, worker=worker)
+    config = ChaosConfig(run, seed=3, strikes=1, warmup_s=30, settle_s=10, recover_s=20, faults=faults)
     report = run_chaos(config, settings)
     ledger = report["ledger"]
     assert ledger["steps"]["owed"] > 100 and ledger["steps"]["missing"] == ledger["steps"]["duplicated"] == 0, ledger

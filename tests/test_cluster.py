@@ -29,8 +29,8 @@ from streams.topics import topics_for
 from tests.test_faults import Pipeline, Producer, episodes
 
 EDGE_ID = "cluster-c0"
-EDGE_S = 90  # the edge client acts this long once its browser is up: before, during and after the faults
-THREAD_STEPS, THREAD_RATE = 1800, 15.0  # 600 three-step episodes over 120 s from the producer thread
+EDGE_S = 75  # the edge client acts this long once its browser is up: before, during and after the faults
+THREAD_STEPS, THREAD_RATE = 1500, 15.0  # 500 three-step episodes over 100 s from the producer thread
 
 
 def test_one_node_or_three_is_only_configuration(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from schemas import Action
 
 pytestmark = pytest.mark.browser
 
-SEEDS_PER_TASK = {**dict.fromkeys(TIER1_TASKS, 6), **dict.fromkeys(TIER2_TASKS, 6)}  # 23 x 6 = 138 pairs (stock)
+SEEDS_PER_TASK = {**dict.fromkeys(TIER1_TASKS, 5), **dict.fromkeys(TIER2_TASKS, 5)}  # 23 x 5 = 115 pairs (stock)
 FIRST_SEED = 7_000  # away from training (small) and evaluation (1,000,000+) seeds
 
 
@@ -59,7 +59,7 @@ def test_the_experts_earn_the_same_rewards_on_the_stock_loop_and_the_fast_path()
             stock += outcomes(env, expert_for, [task])
     with GuiEnv(tasks[0], EnvConfig(path="fast")) as env:
         fast = outcomes(env, expert_for, tasks)
-    assert len(fast) == len(stock) >= 130
+    assert len(fast) == len(stock) >= 110
 
     # Rewards, not actions: an expert may click a moving target at other pixels with the same result. A loaded
     # machine can still change a stock outcome, so an episode that disagrees is replayed on stock up to twice;
