@@ -15,6 +15,7 @@ two writers never hold it at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,8 @@ from streams.topics import topics_for
 log = logging.getLogger(__name__)
 # Up to ~6,000 screenshot-sized steps per partition and fetch: fewer fetch rounds, each a round trip.
 MAX_PARTITION_FETCH_BYTES = 32 * 1024 * 1024
+REBALANCE_TIMEOUT_MS = 120_000
+LEAVE_DRAIN_S = 60.0  # a stopping worker writes out what it read for at most this long before it leaves the group
 
 
 def steps_group(settings: Settings) -> str:
@@ -55,6 +58,7 @@ class StepsStream(ConsumerRebalanceListener):
         self.topic = topics_for(settings).steps.name
         self.batcher = batcher
         self.on_assigned = on_assigned  # told the steps partitions this worker holds now, whole
+        self.failed: BaseException | None = None  # raised by `run`: aiokafka only logs a listener's errors
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap.split(","),
             client_id=steps_group(settings),
@@ -67,6 +71,9 @@ class StepsStream(ConsumerRebalanceListener):
             # A dead worker's partitions move after the session timeout (faust's app uses the same).
             session_timeout_ms=10_000,
             heartbeat_interval_ms=1_000,
+            # A rebalance waits for each member to write out what it read (a full batch and its commit): it must
+            # not drop a member for that (aiokafka's default is the session timeout).
+            rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
             **security_options(settings),
         )
 
@@ -75,21 +82,32 @@ class StepsStream(ConsumerRebalanceListener):
         self.consumer.subscribe([self.topic], listener=self)
         await self.consumer.start()
         try:
-            while True:
+            while self.failed is None:
                 fetched = await self.consumer.getmany(timeout_ms=FETCH_MAX_WAIT_MS, max_records=self.batcher.room())
                 await self.batcher.extend([record for records in fetched.values() for record in records])
+            raise self.failed
         finally:
+            # Leaving the group calls no revoke listener: write out what was read first, so the next owner of
+            # these partitions finds it in the table and never writes beside this worker.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self.batcher.drain()), LEAVE_DRAIN_S)
             await self.consumer.stop()
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         await self.batcher.drain()  # what was read of them is in the table before they move
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        partitions = {tp.partition for tp in assigned}
-        self.on_assigned(partitions)
-        keys = {(self.topic, partition) for partition in partitions}
-        # A sink of its own: the batches' sink may be mid-write in its thread.
-        written = await asyncio.to_thread(DeltaSink(self.settings.tables_dir, STEPS).committed_offsets, keys)
-        for tp in assigned:
-            self.consumer.seek(tp, written[(tp.topic, tp.partition)] + 1)
-        log.info("steps partitions %s, from Delta offsets %s", sorted(partitions), written)
+        self.consumer.pause(*assigned)  # nothing is fetched from the log's start while the table's offsets are read
+        try:
+            partitions = {tp.partition for tp in assigned}
+            self.on_assigned(partitions)
+            keys = {(self.topic, partition) for partition in partitions}
+            # A sink of its own: the batches' sink may be mid-write in its thread.
+            written = await asyncio.to_thread(DeltaSink(self.settings.tables_dir, STEPS).committed_offsets, keys)
+            for tp in assigned:
+                self.consumer.seek(tp, written[(tp.topic, tp.partition)] + 1)
+            log.info("steps partitions %s, from Delta offsets %s", sorted(partitions), written)
+        except Exception as error:  # a table it cannot read: the worker must not read on from the log's start
+            self.failed = error
+            return
+        self.consumer.resume(*assigned)

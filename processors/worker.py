@@ -45,7 +45,7 @@ def crash(error: BaseException) -> None:
     """A batch could not be written, or the steps stream stopped: exit at once, acking nothing. faust would restart
     only the agent and carry on past the lost batch; a new process reads again from what the tables hold instead
     (steps from their Delta offsets; episodes from Kafka's committed offsets, the Delta offsets dropping repeats)."""
-    log.critical("batch write failed, exiting so the batch is re-delivered: %r", error)
+    log.critical("a batch write failed or the steps stream stopped, exiting to read again: %r", error)
     logging.shutdown()
     os._exit(70)
 

@@ -273,7 +273,7 @@ def test_the_steps_stream_tells_assembly_its_partitions_reads_on_from_delta_and_
 
     settings = Settings(home=tmp_path, data_dir=tmp_path / "data", bootstrap_servers="127.0.0.1:1", topic_prefix="p")
     DeltaSink(settings.tables_dir, STEPS).append([Record("p.steps", 2, 7, [])])  # partition 2 written to offset 7
-    told, written, seeks = [], [], {}
+    told, written, seeks, paused, resumed = [], [], {}, [], []
 
     async def write(records) -> None:
         written.append(list(records))
@@ -282,6 +282,8 @@ def test_the_steps_stream_tells_assembly_its_partitions_reads_on_from_delta_and_
         batcher = Batcher(write, lambda error: None, max_size=10, max_age_s=60, acknowledge=lambda records: None)
         stream = StepsStream(settings, batcher, lambda partitions: told.append(sorted(partitions)))
         stream.consumer.seek = lambda tp, offset: seeks.__setitem__(tp.partition, offset)
+        stream.consumer.pause = lambda *tps: paused.append(sorted(tp.partition for tp in tps))
+        stream.consumer.resume = lambda *tps: resumed.append(sorted(tp.partition for tp in tps))
         await stream.on_partitions_assigned({TP("p.steps", 2), TP("p.steps", 0)})
         await batcher.extend(["a", "b"])
         assert written == []  # not due yet
@@ -289,6 +291,7 @@ def test_the_steps_stream_tells_assembly_its_partitions_reads_on_from_delta_and_
 
     asyncio.run(run())
     assert told == [[0, 2]] and seeks == {0: 0, 2: 8}
+    assert paused == resumed == [[0, 2]]  # nothing fetched from the log's start while the offsets were read
     assert written == [["a", "b"]]  # in the table before the partition moves
 
 
