@@ -44,7 +44,7 @@ def steps_group(settings: Settings) -> str:
     return f"{settings.topic_prefix}-flywheel-processors-steps"
 
 
-def security_options(settings: Settings) -> dict[str, Any]:
+def aiokafka_security(settings: Settings) -> dict[str, Any]:
     """aiokafka keyword arguments for settings.security_protocol (streams.kafka_clients has kafka-python's)."""
     protocol = settings.security_protocol
     return {"security_protocol": protocol, "ssl_context": ssl_context(settings), **sasl_options(settings)}
@@ -74,7 +74,7 @@ class StepsStream(ConsumerRebalanceListener):
             # A rebalance waits for each member to write out what it read (a full batch and its commit): it must
             # not drop a member for that (aiokafka's default is the session timeout).
             rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
-            **security_options(settings),
+            **aiokafka_security(settings),
         )
 
     async def run(self) -> None:

@@ -19,7 +19,6 @@ import msgspec.inspect
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from processors.steps_stream import FETCH_MAX_WAIT_MS, MAX_PARTITION_FETCH_BYTES
 from schemas import StepEvent
 
 STEP_JSON = msgspec.json.Encoder()
@@ -62,6 +61,8 @@ def kdi_command(binary: str, topic: str, table_path: Path, bootstrap: str, batch
     """Its command line: our batch rule (batch_max messages or 1 s; files never held back for size), its offsets
     from the table's transactions under one app id, the backlog from the earliest offset, and our steps stream's
     fetches (librdkafka's default of 1 MiB a partition held it to ~200 screenshot-sized steps a fetch)."""
+    from processors.steps_stream import FETCH_MAX_WAIT_MS, MAX_PARTITION_FETCH_BYTES  # the worker's (faust, aiokafka)
+
     return [
         binary, "ingest", topic, str(table_path),
         "--checkpoints",  # a checkpoint every 10th commit: without one, each commit reads the whole growing log
